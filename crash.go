@@ -1,0 +1,49 @@
+package txhook
+
+import (
+	"fmt"
+	"os"
+)
+
+// CrashPointEnv is the environment variable that arms a crash point. When it
+// names a crash point, the process exits (os.Exit) the moment it reaches that
+// point: a real process death, for crash-injection tests. When it is unset,
+// crash points cost one comparison of a string read at construction.
+const CrashPointEnv = "TXHOOK_CRASH_POINT"
+
+// CrashExitCode is the exit status of a process stopped at a crash point.
+const CrashExitCode = 86
+
+// CrashPoint names a place in the processing of an event where a test can make
+// the process die.
+type CrashPoint string
+
+// Crash points of transactional mode, in the order they are reached.
+const (
+	// CrashAfterInsert: the dedupe row is inserted, the handler has not run.
+	CrashAfterInsert CrashPoint = "after-insert"
+	// CrashAfterHandler: the handler returned nil, nothing is committed.
+	CrashAfterHandler CrashPoint = "after-handler"
+	// CrashBeforeCommit: immediately before COMMIT is sent.
+	CrashBeforeCommit CrashPoint = "before-commit"
+	// CrashAfterCommit: COMMIT succeeded, the caller has not been told.
+	CrashAfterCommit CrashPoint = "after-commit"
+)
+
+// crasher exits the process at its armed point. The zero value is disarmed.
+type crasher struct {
+	armed CrashPoint
+}
+
+func newCrasherFromEnv() crasher {
+	return crasher{armed: CrashPoint(os.Getenv(CrashPointEnv))}
+}
+
+// at exits the process when p is the armed point.
+func (c crasher) at(p CrashPoint) {
+	if c.armed == "" || c.armed != p {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "txhook: crash point %q reached, exiting\n", p)
+	os.Exit(CrashExitCode)
+}

@@ -1,0 +1,75 @@
+package txhook
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// Event is one delivery of an event, as the processor sees it.
+type Event struct {
+	// Source names the receiving endpoint ("stripe", "github-prod"). Keys
+	// are unique per source: two endpoints may receive the same provider id
+	// and each processes it once.
+	Source string
+	// Key is the provider's stable event id: the same on every retry and
+	// redelivery of the event, different for every event (Stripe's evt_…,
+	// GitHub's X-GitHub-Delivery, Standard Webhooks' webhook-id). Never a
+	// value made on receipt, and never the business object's id.
+	Key string
+	// Type is the event type ("invoice.paid"); optional.
+	Type string
+	// Payload is the event's body. It is stored only when the processor is
+	// configured to keep payloads (for replay).
+	Payload []byte
+	// PayloadHash is an optional digest of the signed body, stored for the
+	// replay guard of providers whose event ids are not signed.
+	PayloadHash []byte
+}
+
+// Limits applied by Validate.
+const (
+	// MaxSourceLen is the longest accepted source, in bytes.
+	MaxSourceLen = 128
+	// DefaultMaxKeyLen is the longest accepted key, in bytes, unless
+	// Config.MaxKeyLen says otherwise.
+	DefaultMaxKeyLen = 255
+	// MaxTypeLen is the longest accepted event type, in bytes.
+	MaxTypeLen = 255
+)
+
+// Validate checks ev against the processor's rules with the default key
+// limit: non-empty source and key, length limits, valid UTF-8 and no NUL
+// bytes in source, key and type. The error is a *ValidationError matching
+// ErrInvalidEvent.
+func (ev Event) Validate() error { return ev.validate(DefaultMaxKeyLen) }
+
+func (ev Event) validate(maxKeyLen int) error {
+	if ev.Source == "" {
+		return &ValidationError{Field: "source", Err: ErrEmptySource}
+	}
+	if err := checkText(ev.Source, MaxSourceLen); err != nil {
+		return &ValidationError{Field: "source", Err: err}
+	}
+	if ev.Key == "" {
+		return &ValidationError{Field: "key", Err: ErrEmptyKey}
+	}
+	if err := checkText(ev.Key, maxKeyLen); err != nil {
+		return &ValidationError{Field: "key", Err: err}
+	}
+	if err := checkText(ev.Type, MaxTypeLen); err != nil {
+		return &ValidationError{Field: "type", Err: err}
+	}
+	return nil
+}
+
+func checkText(s string, maxLen int) error {
+	switch {
+	case len(s) > maxLen:
+		return ErrTooLong
+	case !utf8.ValidString(s):
+		return ErrInvalidUTF8
+	case strings.IndexByte(s, 0) >= 0:
+		return ErrNULByte
+	}
+	return nil
+}

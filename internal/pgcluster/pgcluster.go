@@ -1,0 +1,198 @@
+// Package pgcluster starts a throwaway PostgreSQL cluster from the server
+// binaries installed on the machine (initdb and pg_ctl), for tests and the
+// demo. It listens on 127.0.0.1 on a free port, runs without fsync, and is
+// removed by Stop.
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Cluster is a running throwaway PostgreSQL cluster.
+type Cluster struct {
+	// URL connects to the cluster's "postgres" database as the superuser
+	// "postgres" (trust authentication, loopback only).
+	URL string
+	// Port is the TCP port on 127.0.0.1.
+	Port int
+
+	dir    string
+	binDir string
+	runAs  string
+	opts   string // server options given to pg_ctl start
+}
+
+// ErrNoServer reports that no PostgreSQL server binaries were found.
+var ErrNoServer = errors.New("pgcluster: no PostgreSQL server binaries (initdb, pg_ctl) found on PATH or under /usr/lib/postgresql/*/bin")
+
+// BinDir finds the folder holding initdb and pg_ctl: on PATH first, then the
+// newest /usr/lib/postgresql/*/bin.
+func BinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool { return versionOf(matches[i]) > versionOf(matches[j]) })
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", ErrNoServer
+}
+
+func versionOf(initdbPath string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdbPath))))
+	return v
+}
+
+// Start creates and starts a cluster in a new temporary folder. As root it
+// runs the server as the "postgres" user, since initdb refuses root.
+func Start(ctx context.Context) (*Cluster, error) {
+	binDir, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "txhook-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
+	}
+	c := &Cluster{dir: dir, binDir: binDir}
+	if os.Geteuid() == 0 {
+		c.runAs = "postgres"
+		if err := chownTo(dir, c.runAs); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if err := c.start(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func chownTo(dir, name string) error {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("pgcluster: running as root needs the %q user: %w", name, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("pgcluster: chown temp dir: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		return fmt.Errorf("pgcluster: initdb: %w: %s", err, out)
+	}
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		opts := strings.Join([]string{
+			"-p", strconv.Itoa(port),
+			"-c", "listen_addresses=127.0.0.1",
+			"-c", "unix_socket_directories=" + c.dir,
+			"-c", "fsync=off",
+			"-c", "synchronous_commit=off",
+			"-c", "full_page_writes=off",
+			"-c", "max_connections=300",
+			"-c", "shared_buffers=128MB",
+		}, " ")
+		out, err := c.run(ctx, "pg_ctl", "-D", data, "-o", opts,
+			"-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start")
+		if err == nil {
+			c.opts = opts
+			c.Port = port
+			c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+			return nil
+		}
+		log, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+		lastErr = fmt.Errorf("pgcluster: pg_ctl start: %w: %s %s", err, out, log)
+		if !strings.Contains(string(log), "in use") {
+			break
+		}
+	}
+	return lastErr
+}
+
+// Stop stops the server at once and removes its folder.
+func (c *Cluster) Stop() error {
+	var err error
+	if c.Port != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if out, serr := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop"); serr != nil {
+			err = fmt.Errorf("pgcluster: pg_ctl stop: %w: %s", serr, out)
+		}
+		c.Port = 0
+	}
+	if c.dir != "" {
+		if rerr := os.RemoveAll(c.dir); rerr != nil && err == nil {
+			err = rerr
+		}
+		c.dir = ""
+	}
+	return err
+}
+
+// Restart stops the server immediately (as a crash would) and starts it again
+// on the same port, for tests of database outages.
+func (c *Cluster) Restart(ctx context.Context) error {
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"); err != nil {
+		return fmt.Errorf("pgcluster: pg_ctl stop: %w: %s", err, out)
+	}
+	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-o", c.opts,
+		"-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
+		return fmt.Errorf("pgcluster: pg_ctl start: %w: %s", err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	bin := filepath.Join(c.binDir, name)
+	var cmd *exec.Cmd
+	if c.runAs != "" {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", c.runAs, "--", bin}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, bin, args...)
+	}
+	cmd.Dir = c.dir
+	return cmd.CombinedOutput()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgcluster: find free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,281 @@
+// Package testdb gives each test its own PostgreSQL database, cloned from a
+// migrated template.
+//
+// The server is TEST_DATABASE_URL when set (a disposable server: tests create
+// and drop databases on it, so never point it at an application database).
+// Otherwise a throwaway cluster is started from the machine's initdb/pg_ctl
+// and removed when the tests end; packages that use testdb call Main from
+// TestMain for that. With no server to be had, tests are skipped, or fail
+// when the CI environment variable is set, so that a green CI run never
+// hides skipped database tests.
+//
+// Templates are keyed by a hash of their migration files and built once per
+// server under an advisory lock, so several test processes share them.
+package testdb
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook/internal/pgcluster"
+	"github.com/txhook/txhook/migrations"
+)
+
+// EnvURL names the variable holding a disposable server's URL.
+const EnvURL = "TEST_DATABASE_URL"
+
+// Template describes a migrated database to clone for each test.
+type Template struct {
+	// Name is a short identifier, part of the template database's name.
+	Name string
+	// Files are hashed into the template's name, so that changed
+	// migrations build a new template.
+	Files []fs.FS
+	// Migrate applies the schema to the database at url.
+	Migrate func(ctx context.Context, url string) error
+}
+
+// TxhookTemplate is the template with txhook's own migrations.
+var TxhookTemplate = Template{
+	Name:    "txhook",
+	Files:   []fs.FS{migrations.FS},
+	Migrate: migrations.Up,
+}
+
+// DB is one test's database.
+type DB struct {
+	// Pool is connected to the database and closed when the test ends.
+	Pool *pgxpool.Pool
+	// URL connects to the database (for subprocesses and migrations).
+	URL string
+	// Name is the database's name.
+	Name string
+}
+
+type server struct {
+	url     string
+	cluster *pgcluster.Cluster
+	err     error
+}
+
+var (
+	srvOnce sync.Once
+	srv     server
+	tplMu   sync.Mutex
+	tplDone = map[string]bool{}
+)
+
+// Main runs the tests and then stops the throwaway cluster, if one was
+// started. Call it from TestMain: func TestMain(m *testing.M) { testdb.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	if srv.cluster != nil {
+		if err := srv.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "testdb:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// ServerURL returns the URL of the test server's maintenance database,
+// starting a throwaway cluster if needed. It skips t (fails it under CI)
+// when no server can be had.
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	srvOnce.Do(func() {
+		if u := os.Getenv(EnvURL); u != "" {
+			srv.url = u
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		c, err := pgcluster.Start(ctx)
+		if err != nil {
+			srv.err = err
+			return
+		}
+		srv.cluster = c
+		srv.url = c.URL
+	})
+	if srv.err != nil {
+		msg := fmt.Sprintf("testdb: no PostgreSQL: set %s or install the PostgreSQL server: %v", EnvURL, srv.err)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return srv.url
+}
+
+// Cluster returns the throwaway cluster, or nil when the server came from
+// TEST_DATABASE_URL.
+func Cluster(t testing.TB) *pgcluster.Cluster {
+	t.Helper()
+	ServerURL(t)
+	return srv.cluster
+}
+
+// New returns a fresh database for t, cloned from tpl (TxhookTemplate when
+// none is given). It is dropped when t ends, unless t failed: then its name
+// is logged and it is kept for inspection.
+func New(t testing.TB, tpl ...Template) *DB {
+	t.Helper()
+	base := ServerURL(t)
+	template := TxhookTemplate
+	if len(tpl) > 0 {
+		template = tpl[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	tplName, err := ensureTemplate(ctx, base, template)
+	if err != nil {
+		t.Fatalf("testdb: template %s: %v", template.Name, err)
+	}
+	name := fmt.Sprintf("t_%s_%08x", sanitize(t.Name()), rand.Uint32())
+	if err := adminExec(ctx, base, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s",
+		pgx.Identifier{name}.Sanitize(), pgx.Identifier{tplName}.Sanitize())); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	u, err := withDatabase(base, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatalf("testdb: connect: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		if t.Failed() {
+			t.Logf("testdb: kept database %s for inspection", name)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := adminExec(ctx, base, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("testdb: drop database %s: %v", name, err)
+		}
+	})
+	return &DB{Pool: pool, URL: u, Name: name}
+}
+
+func ensureTemplate(ctx context.Context, base string, tpl Template) (string, error) {
+	h := sha256.New()
+	for _, fsys := range tpl.Files {
+		err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := fs.ReadFile(fsys, p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(h, "%s\x00%d\x00", p, len(b))
+			h.Write(b)
+			return nil
+		})
+		if err != nil {
+			return "", fmt.Errorf("hash migrations: %w", err)
+		}
+	}
+	name := "tpl_" + sanitize(tpl.Name) + "_" + hex.EncodeToString(h.Sum(nil))[:16]
+
+	tplMu.Lock()
+	defer tplMu.Unlock()
+	if tplDone[name] {
+		return name, nil
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Serialise template builds across test processes sharing a server.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", name); err != nil {
+		return "", fmt.Errorf("lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext($1))", name)
+
+	var isTemplate bool
+	err = conn.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&isTemplate)
+	switch {
+	case err == nil && isTemplate:
+		tplDone[name] = true
+		return name, nil
+	case err == nil:
+		// Left half-built by a process that died: build it again.
+		if _, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return "", fmt.Errorf("drop stale template: %w", err)
+		}
+	case !errors.Is(err, pgx.ErrNoRows):
+		return "", fmt.Errorf("look up template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create template: %w", err)
+	}
+	u, err := withDatabase(base, name)
+	if err != nil {
+		return "", err
+	}
+	if err := tpl.Migrate(ctx, u); err != nil {
+		return "", fmt.Errorf("migrate: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH IS_TEMPLATE true"); err != nil {
+		return "", fmt.Errorf("mark template: %w", err)
+	}
+	tplDone[name] = true
+	return name, nil
+}
+
+func adminExec(ctx context.Context, base, sql string) error {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// withDatabase returns base (a postgres:// URL) naming database name instead.
+func withDatabase(base, name string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("testdb: %s must be a postgres:// URL", EnvURL)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// sanitize makes s usable in a database name: lowercase letters, digits and
+// underscores, at most 30 bytes.
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+		if b.Len() >= 30 {
+			break
+		}
+	}
+	return b.String()
+}

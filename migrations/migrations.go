@@ -1,0 +1,133 @@
+// Package migrations holds txhook's database schema as golang-migrate SQL
+// files and applies them.
+//
+// The files are embedded and exported as FS, so an application that runs
+// its own migration tool can apply them with it instead. Up, Down and Version
+// use golang-migrate with its pgx/v5 driver and keep their state in their
+// own table, TableName, so they coexist with the application's own
+// golang-migrate state (schema_migrations). golang-migrate holds a PostgreSQL
+// advisory lock while it migrates, so several instances may call Up at once
+// when they start: one applies the files, the others wait and find nothing
+// left to do.
+//
+// The root txhook package does not import this package, so applications that
+// migrate by other means do not build golang-migrate.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx/v5" database/sql driver
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// FS holds the migration files (NNNN_name.up.sql / NNNN_name.down.sql).
+var FS fs.FS = files
+
+// TableName is the table in which golang-migrate records which of txhook's
+// migrations are applied.
+const TableName = "txhook_schema_migrations"
+
+// Up applies every migration not yet applied to the database at databaseURL
+// (a PostgreSQL URL or keyword/value string). Nothing left to apply is not an
+// error.
+func Up(ctx context.Context, databaseURL string) error {
+	return run(ctx, databaseURL, "up", func(m *migrate.Migrate) error { return m.Up() })
+}
+
+// Down rolls back the n most recently applied migrations; n <= 0 rolls back
+// all of them, dropping txhook's tables and every event they record.
+func Down(ctx context.Context, databaseURL string, n int) error {
+	return run(ctx, databaseURL, "down", func(m *migrate.Migrate) error {
+		if n <= 0 {
+			return m.Down()
+		}
+		return m.Steps(-n)
+	})
+}
+
+// Version reports the applied migration version (0 when none is applied) and
+// whether the last migration failed halfway (dirty), which needs an operator.
+func Version(ctx context.Context, databaseURL string) (version uint, dirty bool, err error) {
+	err = run(ctx, databaseURL, "version", func(m *migrate.Migrate) error {
+		var verr error
+		version, dirty, verr = m.Version()
+		if errors.Is(verr, migrate.ErrNilVersion) {
+			return nil
+		}
+		return verr
+	})
+	return version, dirty, err
+}
+
+// Latest returns the highest migration version in FS.
+func Latest() (uint, error) {
+	src, err := iofs.New(FS, ".")
+	if err != nil {
+		return 0, fmt.Errorf("open migrations: %w", err)
+	}
+	defer src.Close()
+	v, err := src.First()
+	if err != nil {
+		return 0, fmt.Errorf("read migrations: %w", err)
+	}
+	for {
+		next, err := src.Next(v)
+		if errors.Is(err, fs.ErrNotExist) {
+			return v, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read migrations: %w", err)
+		}
+		v = next
+	}
+}
+
+func run(ctx context.Context, databaseURL, verb string, fn func(*migrate.Migrate) error) error {
+	if databaseURL == "" {
+		return fmt.Errorf("migrate %s: empty database URL", verb)
+	}
+	sqlDB, err := sql.Open("pgx/v5", databaseURL)
+	if err != nil {
+		return fmt.Errorf("migrate %s: open database: %w", verb, err)
+	}
+	defer sqlDB.Close()
+	if err := sqlDB.PingContext(ctx); err != nil {
+		return fmt.Errorf("migrate %s: connect: %w", verb, err)
+	}
+	driver, err := pgx.WithInstance(sqlDB, &pgx.Config{MigrationsTable: TableName})
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", verb, err)
+	}
+	src, err := iofs.New(FS, ".")
+	if err != nil {
+		return fmt.Errorf("migrate %s: open migrations: %w", verb, err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", verb, err)
+	}
+	defer m.Close()
+	// golang-migrate has no context parameter; stop it when ctx ends.
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case m.GracefulStop <- true:
+		default:
+		}
+	})
+	defer stop()
+	if err := fn(m); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("migrate %s: %w", verb, err)
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,326 @@
+package txhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/txhook/txhook/db"
+)
+
+// Outcome is what became of a delivered event.
+type Outcome int
+
+// Outcomes of Process. The zero Outcome is never returned with a nil error.
+const (
+	// OutcomeProcessed: the handler ran and its writes committed together
+	// with the event's key.
+	OutcomeProcessed Outcome = iota + 1
+	// OutcomeDuplicate: the event's key was already committed (processed, or
+	// recorded as failed); nothing ran.
+	OutcomeDuplicate
+	// OutcomeInFlight: another delivery of the same key holds it and has not
+	// finished; nothing ran. Ask the sender to retry after Result.RetryAfter;
+	// never acknowledge this outcome as success.
+	OutcomeInFlight
+	// OutcomeFailed: the handler returned a PermanentError; its writes were
+	// rolled back and the event was recorded as failed for an operator to
+	// replay. The sender may be told to stop retrying.
+	OutcomeFailed
+)
+
+// String returns the outcome's lowercase name.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeProcessed:
+		return "processed"
+	case OutcomeDuplicate:
+		return "duplicate"
+	case OutcomeInFlight:
+		return "in_flight"
+	case OutcomeFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result describes a finished call to Process.
+type Result struct {
+	Outcome Outcome
+	// RetryAfter is set for OutcomeInFlight: a hint for how long the sender
+	// should wait before delivering again.
+	RetryAfter time.Duration
+	// Err is the handler's permanent error, for OutcomeFailed.
+	Err error
+}
+
+// HandlerFunc applies one event. Every write must go through tx, which is
+// the same transaction that records the event's key: the writes and the key
+// commit together or not at all. Wrap tx with the application's own
+// sqlc-generated queries (mydb.New(tx)), or use WithQueries.
+//
+// A returned error rolls everything back and is returned by Process; the
+// event stays unprocessed and the sender's retry runs the handler again. A
+// handler may run more than once per delivery when the transaction is
+// retried after a serialization failure or deadlock, so it must not have
+// effects outside tx (use lease mode for those).
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev Event) error
+
+// Config configures a Processor. The zero value (or nil) gives the defaults.
+type Config struct {
+	// LockTimeout bounds how long a delivery waits for a concurrent delivery
+	// of the same key to commit or roll back before it is answered
+	// OutcomeInFlight. It bounds only the dedupe step, not the handler's own
+	// statements. Defaults to 2s: short enough for providers that give up
+	// after 5s (Shopify).
+	LockTimeout time.Duration
+	// InFlightRetryAfter is Result.RetryAfter when the lock wait bound is
+	// hit. Defaults to 5s.
+	InFlightRetryAfter time.Duration
+	// MaxKeyLen is the longest accepted event key in bytes. Defaults to
+	// DefaultMaxKeyLen (255).
+	MaxKeyLen int
+	// StorePayload keeps each event's payload in the events table so that
+	// failed events can be replayed. Defaults to false.
+	StorePayload bool
+	// Tx configures the transactions (isolation level, retries). Defaults to
+	// the zero TxOptions.
+	Tx *TxOptions
+}
+
+// Processor applies events exactly once. It is safe for concurrent use, and
+// any number of processes may share one database: the unique key in the
+// events table arbitrates between them.
+type Processor struct {
+	db           Beginner
+	lockTimeout  string
+	inFlightWait time.Duration
+	maxKeyLen    int
+	storePayload bool
+	txOpts       TxOptions
+	crash        crasher
+}
+
+// NewProcessor returns a Processor that runs transactions on db, usually a
+// *pgxpool.Pool. The database must have txhook's migrations applied (see the
+// migrations package).
+func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
+	if db == nil {
+		return nil, errors.New("txhook: new processor: nil database")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.LockTimeout < 0 || c.InFlightRetryAfter < 0 || c.MaxKeyLen < 0 {
+		return nil, errors.New("txhook: new processor: negative limit in config")
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = 2 * time.Second
+	}
+	if c.InFlightRetryAfter == 0 {
+		c.InFlightRetryAfter = 5 * time.Second
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	ms := c.LockTimeout.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	return &Processor{
+		db:           db,
+		lockTimeout:  fmt.Sprintf("%dms", ms),
+		inFlightWait: c.InFlightRetryAfter,
+		maxKeyLen:    c.MaxKeyLen,
+		storePayload: c.StorePayload,
+		txOpts:       c.Tx.withDefaults(),
+		crash:        newCrasherFromEnv(),
+	}, nil
+}
+
+// Process applies ev exactly once: in one transaction it records ev's key
+// and runs h; both commit or neither does.
+//
+// A nil error comes with one of the outcomes: processed (h ran and
+// committed), duplicate (the key was already committed; h did not run),
+// in flight (another delivery holds the key; h did not run) or failed (h
+// returned a PermanentError, recorded). Any error means nothing was
+// committed, except a *CommitUnknownError, which means the outcome cannot be
+// known; in both cases the event must not be acknowledged, so that the
+// sender retries. Invalid input returns a *ValidationError (ErrInvalidEvent)
+// and writes nothing.
+//
+// ctx bounds the work up to COMMIT; see RunTx.
+func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
+	if err := p.check(ev, h); err != nil {
+		return Result{}, err
+	}
+	var res Result
+	err := runTx(ctx, p.db, p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		res, err = p.apply(ctx, tx, ev, h)
+		return err
+	}, func() { p.crash.at(CrashBeforeCommit) })
+	switch {
+	case err == nil:
+		p.crash.at(CrashAfterCommit)
+		return res, nil
+	case errors.Is(err, errRollback):
+		return res, nil
+	case IsPermanent(err):
+		return p.recordFailed(ctx, ev, err)
+	}
+	return Result{}, err
+}
+
+// ProcessTx is Process inside tx, a transaction the caller owns: the key and
+// h's writes commit when the caller commits tx. It runs under a savepoint, so
+// a duplicate, an in-flight key or an error from h rolls back only its own
+// work and leaves tx usable. It does not retry; the caller must not
+// acknowledge the event before tx commits.
+func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
+	if err := p.check(ev, h); err != nil {
+		return Result{}, err
+	}
+	var res Result
+	err := RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		res, err = p.apply(ctx, tx, ev, h)
+		return err
+	})
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, errRollback):
+		return res, nil
+	case IsPermanent(err):
+		n, ierr := db.New(tx).InsertFailedEvent(ctx, p.failedParams(ev, err))
+		if ierr != nil {
+			return Result{}, fmt.Errorf("record failed event: %w", ierr)
+		}
+		if n == 0 {
+			return Result{Outcome: OutcomeDuplicate}, nil
+		}
+		return Result{Outcome: OutcomeFailed, Err: err}, nil
+	}
+	return Result{}, err
+}
+
+func (p *Processor) check(ev Event, h HandlerFunc) error {
+	if h == nil {
+		return errors.New("txhook: process: nil handler")
+	}
+	return ev.validate(p.maxKeyLen)
+}
+
+// apply runs the dedupe step and, for a new key, the handler. It returns
+// errRollback (with the result) when there is nothing to commit.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
+	row, err := db.New(tx).InsertEvent(ctx, db.InsertEventParams{
+		Source:      ev.Source,
+		EventKey:    ev.Key,
+		EventType:   ev.Type,
+		Payload:     p.payload(ev),
+		PayloadHash: ev.PayloadHash,
+		LockTimeout: p.lockTimeout,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Result{Outcome: OutcomeDuplicate}, errRollback
+	case isLockTimeout(err):
+		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, errRollback
+	case err != nil:
+		return Result{}, fmt.Errorf("insert event key: %w", err)
+	case row.Status != statusDone:
+		return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}, errRollback
+	}
+	p.crash.at(CrashAfterInsert)
+	if err := h(ctx, tx, ev); err != nil {
+		if IsPermanent(err) {
+			return Result{}, err
+		}
+		return Result{}, fmt.Errorf("handle event: %w", err)
+	}
+	p.crash.at(CrashAfterHandler)
+	return Result{Outcome: OutcomeProcessed}, nil
+}
+
+func (p *Processor) recordFailed(ctx context.Context, ev Event, perr error) (Result, error) {
+	var n int64
+	err := RunTx(ctx, p.db, &p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		n, err = db.New(tx).InsertFailedEvent(ctx, p.failedParams(ev, perr))
+		return err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, perr))
+	}
+	if n == 0 {
+		// Another delivery committed the key in the meantime.
+		return Result{Outcome: OutcomeDuplicate}, nil
+	}
+	return Result{Outcome: OutcomeFailed, Err: perr}, nil
+}
+
+func (p *Processor) failedParams(ev Event, perr error) db.InsertFailedEventParams {
+	return db.InsertFailedEventParams{
+		Source:      ev.Source,
+		EventKey:    ev.Key,
+		EventType:   ev.Type,
+		LastError:   pgtype.Text{String: errorText(perr), Valid: true},
+		Payload:     p.payload(ev),
+		PayloadHash: ev.PayloadHash,
+	}
+}
+
+func (p *Processor) payload(ev Event) []byte {
+	if !p.storePayload {
+		return nil
+	}
+	return ev.Payload
+}
+
+// Row statuses in the events table.
+const (
+	statusInProgress = "in_progress"
+	statusDone       = "done"
+	statusFailed     = "failed"
+)
+
+// maxErrorText bounds the error text stored with a failed event.
+const maxErrorText = 2000
+
+// errorText makes err's text storable: valid UTF-8, no NUL, bounded.
+func errorText(err error) string {
+	s := []rune(err.Error())
+	out := make([]rune, 0, min(len(s), maxErrorText))
+	for _, r := range s {
+		if len(out) == maxErrorText {
+			break
+		}
+		if r == 0 {
+			r = '\uFFFD'
+		}
+		out = append(out, r)
+	}
+	return string(out)
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// untilLeaseEnds is the Retry-After for a key held by a lease.
+func untilLeaseEnds(expires pgtype.Timestamptz) time.Duration {
+	if !expires.Valid {
+		return time.Second
+	}
+	return max(time.Until(expires.Time), time.Second)
+}
