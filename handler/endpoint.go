@@ -1,0 +1,432 @@
+package handler
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/db"
+)
+
+// DefaultMaxBodyBytes is the default body limit: 32 MiB, above GitHub's
+// 25 MB payload cap.
+const DefaultMaxBodyBytes = 32 << 20
+
+// DefaultReplayWindow is how far back the replay guard looks by default: the
+// default retention of the events table.
+const DefaultReplayWindow = 14 * 24 * time.Hour
+
+// ReplayGuard selects whether an endpoint checks for replayed bodies.
+type ReplayGuard int
+
+// Replay guard settings.
+const (
+	// ReplayGuardAuto turns the guard on for providers whose key is not
+	// signed (those implementing KeyUnsigned and reporting true: GitHub,
+	// Shopify, HMAC with KeyHeader), off otherwise.
+	ReplayGuardAuto ReplayGuard = iota
+	// ReplayGuardOn always checks.
+	ReplayGuardOn
+	// ReplayGuardOff never checks.
+	ReplayGuardOff
+)
+
+// Config configures an Endpoint.
+type Config struct {
+	// Source names the endpoint; event keys are unique per source
+	// ("stripe", "github-prod"). Required.
+	Source string
+	// Provider verifies and identifies deliveries. Required.
+	Provider Provider
+	// Routes maps event types to routes. A type with no route (and no
+	// Fallback) is answered 200 without running or writing anything, and
+	// logged and reported as OutcomeIgnored.
+	Routes map[string]Route
+	// Fallback, if set, handles every type that Routes lacks.
+	Fallback Route
+	// MaxBodyBytes is the largest accepted body; larger ones are answered
+	// 413. Defaults to DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// InFlightStatus answers a delivery whose key another delivery holds:
+	// http.StatusConflict or http.StatusServiceUnavailable, always with
+	// Retry-After. Defaults to http.StatusConflict.
+	InFlightStatus int
+	// ReplayGuard selects the replay guard. The guard hashes the signed body
+	// (SHA-256, stored with the event) and answers a delivery whose body was
+	// already recorded under another key of this source within ReplayWindow
+	// as a duplicate, logging a suspected replay. It needs DB. Defaults to
+	// ReplayGuardAuto.
+	ReplayGuard ReplayGuard
+	// ReplayWindow is how far back the guard looks. Defaults to
+	// DefaultReplayWindow.
+	ReplayWindow time.Duration
+	// DB is the database the processor uses (usually the same
+	// *pgxpool.Pool); the replay guard reads from it. Required when the
+	// guard is on.
+	DB db.DBTX
+	// Logger receives one record per delivery. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Observer, if set, receives a Report per delivery (for metrics).
+	Observer Observer
+	// Now is the clock used to check signed timestamps. Defaults to
+	// time.Now.
+	Now func() time.Time
+}
+
+// Endpoint is an http.Handler receiving one source's webhooks. It verifies
+// each delivery, routes it by event type, applies it through the processor,
+// and answers with the status that makes the sender do the right thing:
+// never 2xx unless the event's effects are committed (or it duplicates a
+// committed event). It is safe for concurrent use.
+type Endpoint struct {
+	proc     *txhook.Processor
+	source   string
+	provider Provider
+	routes   map[string]Route
+	fallback Route
+	maxBody  int64
+	inFlight int
+	guard    bool
+	window   float64
+	queries  *db.Queries
+	log      *slog.Logger
+	observer Observer
+	now      func() time.Time
+}
+
+// New returns an Endpoint applying events through p.
+func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
+	if p == nil {
+		return nil, errors.New("handler: new endpoint: nil processor")
+	}
+	if cfg == nil {
+		return nil, errors.New("handler: new endpoint: nil config")
+	}
+	c := *cfg
+	if c.Source == "" {
+		return nil, errors.New("handler: new endpoint: empty source")
+	}
+	if err := (txhook.Event{Source: c.Source, Key: "k"}).Validate(); err != nil {
+		return nil, fmt.Errorf("handler: new endpoint: %w", err)
+	}
+	if c.Provider == nil {
+		return nil, errors.New("handler: new endpoint: nil provider")
+	}
+	if v, ok := c.Provider.(Validator); ok {
+		if err := v.Validate(); err != nil {
+			return nil, fmt.Errorf("handler: new endpoint: provider: %w", err)
+		}
+	}
+	if c.MaxBodyBytes < 0 || c.ReplayWindow < 0 {
+		return nil, errors.New("handler: new endpoint: negative limit in config")
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	switch c.InFlightStatus {
+	case 0:
+		c.InFlightStatus = http.StatusConflict
+	case http.StatusConflict, http.StatusServiceUnavailable:
+	default:
+		return nil, fmt.Errorf("handler: new endpoint: InFlightStatus %d is not 409 or 503", c.InFlightStatus)
+	}
+	if c.ReplayWindow == 0 {
+		c.ReplayWindow = DefaultReplayWindow
+	}
+	guard := false
+	switch c.ReplayGuard {
+	case ReplayGuardAuto:
+		if ku, ok := c.Provider.(KeyUnsigned); ok {
+			guard = ku.KeyUnsigned()
+		}
+	case ReplayGuardOn:
+		guard = true
+	case ReplayGuardOff:
+	default:
+		return nil, fmt.Errorf("handler: new endpoint: unknown ReplayGuard %d", c.ReplayGuard)
+	}
+	if guard && c.DB == nil {
+		return nil, errors.New("handler: new endpoint: the replay guard needs Config.DB (or set ReplayGuard: ReplayGuardOff)")
+	}
+	routes := make(map[string]Route, len(c.Routes))
+	for t, r := range c.Routes {
+		if r == nil {
+			return nil, fmt.Errorf("handler: new endpoint: nil route for type %q", t)
+		}
+		if tr, ok := r.(*TxRoute); ok && tr.Handler == nil {
+			return nil, fmt.Errorf("handler: new endpoint: nil handler for type %q", t)
+		}
+		routes[t] = r
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	e := &Endpoint{
+		proc:     p,
+		source:   c.Source,
+		provider: c.Provider,
+		routes:   routes,
+		fallback: c.Fallback,
+		maxBody:  c.MaxBodyBytes,
+		inFlight: c.InFlightStatus,
+		guard:    guard,
+		window:   c.ReplayWindow.Seconds(),
+		log:      c.Logger,
+		observer: c.Observer,
+		now:      c.Now,
+	}
+	if guard {
+		e.queries = db.New(c.DB)
+	}
+	return e, nil
+}
+
+// Source returns the endpoint's source name.
+func (e *Endpoint) Source() string { return e.source }
+
+// Route returns the route for eventType: its registered route, else the
+// fallback; ok is false when there is neither.
+func (e *Endpoint) Route(eventType string) (r Route, ok bool) {
+	if r, ok := e.routes[eventType]; ok {
+		return r, true
+	}
+	return e.fallback, e.fallback != nil
+}
+
+// TxHandler returns the transactional handler that would apply an event of
+// eventType (its route's, else the fallback's), for replaying recorded
+// events. ok is false when that route is not a transactional one.
+func (e *Endpoint) TxHandler(eventType string) (txhook.HandlerFunc, bool) {
+	r, ok := e.Route(eventType)
+	if !ok {
+		return nil, false
+	}
+	tr, ok := r.(interface{ TxHandler() txhook.HandlerFunc })
+	if !ok || tr.TxHandler() == nil {
+		return nil, false
+	}
+	return tr.TxHandler(), true
+}
+
+// answer is the outcome of one delivery, before it is written.
+type answer struct {
+	outcome    Outcome
+	status     int
+	retryAfter time.Duration
+	err        error
+}
+
+// ServeHTTP receives one delivery.
+func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	var d Delivery
+	a := e.serve(w, r, &d)
+	if a.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", http.MethodPost)
+	}
+	if a.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(retrySeconds(a.retryAfter), 10))
+	}
+	writeJSON(w, a.status, a.outcome)
+	e.report(r.Context(), Report{
+		Source:   e.source,
+		Key:      d.Key,
+		Type:     d.Type,
+		Outcome:  a.outcome,
+		Status:   a.status,
+		Duration: time.Since(start),
+		Err:      a.err,
+	})
+}
+
+func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) answer {
+	if r.Method != http.MethodPost {
+		return answer{outcome: OutcomeMethodNotAllowed, status: http.StatusMethodNotAllowed}
+	}
+	if r.ContentLength > e.maxBody {
+		return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.maxBody))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge, err: err}
+		}
+		return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: fmt.Errorf("read body: %w", err)}
+	}
+	if err := e.provider.Verify(r.Header, body, e.now()); err != nil {
+		if errors.Is(err, ErrTimestamp) {
+			return answer{outcome: OutcomeStaleTimestamp, status: http.StatusBadRequest, err: err}
+		}
+		return answer{outcome: OutcomeBadSignature, status: http.StatusBadRequest, err: err}
+	}
+	*d, err = e.provider.Extract(r.Header, body)
+	if err != nil {
+		return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
+	}
+	if d.Ping {
+		return answer{outcome: OutcomePing, status: http.StatusOK}
+	}
+	route, ok := e.Route(d.Type)
+	if !ok {
+		return answer{outcome: OutcomeIgnored, status: http.StatusOK}
+	}
+	ev := txhook.Event{Source: e.source, Key: d.Key, Type: d.Type, Payload: body}
+	ctx := r.Context()
+	if e.guard {
+		sum := sha256.Sum256(body)
+		ev.PayloadHash = sum[:]
+		if a, done := e.checkReplay(ctx, ev); done {
+			return a
+		}
+	}
+	res, err := route.Apply(ctx, e.proc, ev)
+	return e.mapResult(res, err)
+}
+
+// checkReplay answers a delivery whose body hash is already recorded under
+// another key. It is one indexed lookup before processing; see the package
+// documentation for its behaviour under concurrency.
+func (e *Endpoint) checkReplay(ctx context.Context, ev txhook.Event) (answer, bool) {
+	if !utf8.ValidString(ev.Key) || strings.IndexByte(ev.Key, 0) >= 0 {
+		// Not storable as text: Process rejects it with ErrInvalidEvent.
+		return answer{}, false
+	}
+	other, err := e.queries.FindPayloadHash(ctx, db.FindPayloadHashParams{
+		Source:        ev.Source,
+		PayloadHash:   ev.PayloadHash,
+		EventKey:      ev.Key,
+		WindowSeconds: e.window,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return answer{}, false
+	case err != nil:
+		return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, err: fmt.Errorf("check replay: %w", err)}, true
+	}
+	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
+		slog.String("source", ev.Source), slog.String("key", ev.Key), slog.String("type", ev.Type),
+		slog.String("original_key", other))
+	return answer{outcome: OutcomeReplay, status: http.StatusOK}, true
+}
+
+func (e *Endpoint) mapResult(res txhook.Result, err error) answer {
+	if err != nil {
+		switch {
+		case errors.Is(err, txhook.ErrInvalidEvent):
+			return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
+		case unavailable(err):
+			return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, err: err}
+		}
+		return answer{outcome: OutcomeError, status: http.StatusInternalServerError, err: err}
+	}
+	switch res.Outcome {
+	case txhook.OutcomeProcessed:
+		return answer{outcome: OutcomeProcessed, status: http.StatusOK}
+	case txhook.OutcomeDuplicate:
+		return answer{outcome: OutcomeDuplicate, status: http.StatusOK}
+	case txhook.OutcomeFailed:
+		// Recorded for an operator to replay; the sender must stop retrying.
+		return answer{outcome: OutcomeFailed, status: http.StatusOK, err: res.Err}
+	case txhook.OutcomeInFlight:
+		return answer{outcome: OutcomeInFlight, status: e.inFlight, retryAfter: max(res.RetryAfter, time.Second)}
+	}
+	return answer{outcome: OutcomeError, status: http.StatusInternalServerError,
+		err: fmt.Errorf("apply event: unexpected outcome %v", res.Outcome)}
+}
+
+// unavailable reports whether err means the database could not be reached
+// or the commit's outcome is unknown: the sender should retry later.
+func unavailable(err error) bool {
+	if errors.Is(err, txhook.ErrCommitUnknown) {
+		return true
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// retrySeconds rounds d up to whole seconds, at least 1.
+func retrySeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// messages are the fixed texts sent with each outcome; they carry no
+// details of the delivery, the handler or the database.
+var messages = map[Outcome]string{
+	OutcomeMethodNotAllowed: "use POST",
+	OutcomeTooLarge:         "body too large",
+	OutcomeBadSignature:     "signature missing or invalid",
+	OutcomeStaleTimestamp:   "timestamp missing or outside tolerance",
+	OutcomeBadRequest:       "malformed delivery or invalid event key",
+	OutcomeInFlight:         "event is being processed; retry later",
+	OutcomeError:            "event not processed; retry later",
+	OutcomeUnavailable:      "service unavailable; retry later",
+}
+
+// writeJSON writes {"status":"<outcome>"} for 2xx answers and
+// {"error":"<outcome>","message":"…"} otherwise.
+func writeJSON(w http.ResponseWriter, status int, o Outcome) {
+	var v any
+	if status < 300 {
+		v = struct {
+			Status Outcome `json:"status"`
+		}{o}
+	} else {
+		v = struct {
+			Error   Outcome `json:"error"`
+			Message string  `json:"message"`
+		}{o, messages[o]}
+	}
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func (e *Endpoint) report(ctx context.Context, r Report) {
+	level := slog.LevelInfo
+	switch {
+	case r.Status >= 500:
+		level = slog.LevelError
+	case r.Status >= 400 || r.Outcome == OutcomeFailed:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("source", r.Source),
+		slog.String("key", r.Key),
+		slog.String("type", r.Type),
+		slog.String("outcome", string(r.Outcome)),
+		slog.Int("status", r.Status),
+		slog.Duration("duration", r.Duration),
+	}
+	if r.Err != nil {
+		attrs = append(attrs, slog.String("error", r.Err.Error()))
+	}
+	e.log.LogAttrs(ctx, level, "txhook: delivery", attrs...)
+	if e.observer != nil {
+		e.observer.ObserveDelivery(ctx, r)
+	}
+}

@@ -1,0 +1,62 @@
+package handler
+
+import (
+	"context"
+	"time"
+)
+
+// Outcome is what the endpoint did with a delivery, as reported to logs and
+// to an Observer. The values are stable and suitable as metric labels.
+type Outcome string
+
+// Outcomes of a delivery.
+const (
+	OutcomeProcessed        Outcome = "processed"          // 200: handler ran and committed
+	OutcomeDuplicate        Outcome = "duplicate"          // 200: key already committed
+	OutcomeReplay           Outcome = "replay"             // 200: body already seen under another key
+	OutcomeFailed           Outcome = "failed"             // 200: permanent handler error, recorded
+	OutcomeIgnored          Outcome = "ignored"            // 200: no route for the type
+	OutcomePing             Outcome = "ping"               // 200: connectivity check
+	OutcomeInFlight         Outcome = "in_flight"          // 409 or 503: held by another delivery
+	OutcomeMethodNotAllowed Outcome = "method_not_allowed" // 405
+	OutcomeTooLarge         Outcome = "too_large"          // 413
+	OutcomeBadSignature     Outcome = "bad_signature"      // 400: missing or wrong signature
+	OutcomeStaleTimestamp   Outcome = "stale_timestamp"    // 400: signed timestamp out of tolerance
+	OutcomeBadRequest       Outcome = "bad_request"        // 400: unreadable or malformed delivery, invalid key
+	OutcomeError            Outcome = "error"              // 500: handler error
+	OutcomeUnavailable      Outcome = "unavailable"        // 503: database unreachable, commit outcome unknown
+)
+
+// Report describes one finished delivery. It never holds secrets or the
+// payload.
+type Report struct {
+	// Source is the endpoint's source name.
+	Source string
+	// Key and Type are the event's key and type; empty when the delivery
+	// was rejected before they were extracted.
+	Key  string
+	Type string
+	// Outcome is what became of the delivery.
+	Outcome Outcome
+	// Status is the HTTP status answered.
+	Status int
+	// Duration is the time from receiving the request to answering it.
+	Duration time.Duration
+	// Err is the error behind a 4xx or 5xx answer, if any. It may carry
+	// handler or database details: log it, do not send it to the sender.
+	Err error
+}
+
+// Observer receives a Report for every delivery, after the answer is
+// written. It is called synchronously and must be safe for concurrent use;
+// keep it fast (count, record, return). See the otelhook module for an
+// OpenTelemetry metrics adapter.
+type Observer interface {
+	ObserveDelivery(ctx context.Context, r Report)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(ctx context.Context, r Report)
+
+// ObserveDelivery calls f.
+func (f ObserverFunc) ObserveDelivery(ctx context.Context, r Report) { f(ctx, r) }

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS txhook_processed_events_payload_hash_idx;
