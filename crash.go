@@ -30,6 +30,21 @@ const (
 	CrashAfterCommit CrashPoint = "after-commit"
 )
 
+// Crash points of lease mode (ProcessLease), in the order they are reached.
+const (
+	// CrashLeaseAfterClaim: the claim is committed, the handler's external
+	// work has not started.
+	CrashLeaseAfterClaim CrashPoint = "lease-after-claim"
+	// CrashLeaseAfterExternal: the handler's external work returned nil,
+	// nothing of phase two has run.
+	CrashLeaseAfterExternal CrashPoint = "lease-after-external"
+	// CrashLeaseBeforeCommit: the business writes and the done mark are made,
+	// immediately before COMMIT is sent.
+	CrashLeaseBeforeCommit CrashPoint = "lease-before-commit"
+	// CrashLeaseAfterCommit: COMMIT succeeded, the caller has not been told.
+	CrashLeaseAfterCommit CrashPoint = "lease-after-commit"
+)
+
 // crasher exits the process at its armed point. The zero value is disarmed.
 type crasher struct {
 	armed CrashPoint
