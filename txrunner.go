@@ -174,10 +174,14 @@ func (e *beginError) Unwrap() error { return e.err }
 
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback) {
-		// The server answered: the transaction did not commit.
+	if errors.Is(err, pgx.ErrTxCommitRollback) ||
+		(errors.As(err, &pgErr) && pgErr.Severity == "ERROR") {
+		// The server answered COMMIT with an error (a deferred constraint, a
+		// serialization failure): the transaction rolled back.
 		return fmt.Errorf("commit: %w", err)
 	}
+	// The connection failed, or the server ended the session (FATAL): the
+	// COMMIT may or may not have taken effect.
 	return &CommitUnknownError{Err: err}
 }
 
