@@ -1,0 +1,126 @@
+// Command stripe-orders receives Stripe webhooks and applies each event
+// exactly once to PostgreSQL with txhook.
+//
+// It applies txhook's migrations and its own (orders, customers, invoices,
+// shipments), then serves POST /webhooks/stripe:
+//
+//   - checkout.session.completed: records the order and adds its amount to
+//     the customer's total, in the transaction that records the event's key;
+//   - invoice.created / invoice.paid: records the invoice as pending, then
+//     moves it to paid (handlers that stay correct even without the dedupe);
+//   - payment_intent.succeeded, when FULFILLMENT_URL is set: asks the
+//     fulfillment service to ship (lease mode, with an Idempotency-Key), then
+//     records the shipment;
+//   - any other type: acknowledged, nothing written.
+//
+// Configuration, from the environment:
+//
+//	DATABASE_URL           PostgreSQL connection string (required)
+//	STRIPE_WEBHOOK_SECRET  the endpoint's signing secret, whsec_... (required;
+//	                       several, comma-separated, while rolling the secret)
+//	ADDR                   listen address (default 127.0.0.1:8080)
+//	FULFILLMENT_URL        fulfillment service for payment_intent.succeeded (optional)
+//	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
+//
+// Run it with:
+//
+//	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run ./examples/stripe-orders
+//
+// Once it is ready it logs a line with msg=listening and the address.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
+	"github.com/txhook/txhook/migrations"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(ctx, os.Getenv, log); err != nil {
+		fmt.Fprintln(os.Stderr, "stripe-orders:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the server and serves until ctx ends.
+func run(ctx context.Context, getenv func(string) string, log *slog.Logger) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := openDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	h, err := newHandler(pool, cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/stripe")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// openDatabase connects to the database and brings its schema up to date:
+// txhook's migrations first, then the example's own. Both are safe when
+// several instances start at once.
+func openDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to the database (DATABASE_URL): %w", err)
+	}
+	if err := migrations.Up(ctx, url); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("apply txhook migrations: %w", err)
+	}
+	if err := examplemigrations.Up(ctx, url); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("apply stripe-orders migrations: %w", err)
+	}
+	return pool, nil
+}

@@ -1,0 +1,4 @@
+DROP TABLE IF EXISTS shipments;
+DROP TABLE IF EXISTS invoices;
+DROP TABLE IF EXISTS customers;
+DROP TABLE IF EXISTS orders;
