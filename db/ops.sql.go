@@ -68,7 +68,8 @@ func (q *Queries) CountPrunable(ctx context.Context, arg CountPrunableParams) (i
 const listEvents = `-- name: ListEvents :many
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
-       octet_length(payload)::integer AS payload_size
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
 FROM txhook_processed_events
 WHERE ($1::text IS NULL OR source = $1::text)
   AND ($2::text IS NULL OR status = $2::text)
@@ -97,6 +98,7 @@ type ListEventsRow struct {
 	LeaseExpiresAt pgtype.Timestamptz
 	CompletedAt    pgtype.Timestamptz
 	LastError      pgtype.Text
+	HasPayload     bool
 	PayloadSize    int32
 }
 
@@ -127,6 +129,7 @@ func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListE
 			&i.LeaseExpiresAt,
 			&i.CompletedAt,
 			&i.LastError,
+			&i.HasPayload,
 			&i.PayloadSize,
 		); err != nil {
 			return nil, err
@@ -142,7 +145,8 @@ func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListE
 const listFailedEvents = `-- name: ListFailedEvents :many
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
-       octet_length(payload)::integer AS payload_size
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
 FROM txhook_processed_events
 WHERE status = 'failed'
   AND ($1::text IS NULL OR source = $1::text)
@@ -168,6 +172,7 @@ type ListFailedEventsRow struct {
 	LeaseExpiresAt pgtype.Timestamptz
 	CompletedAt    pgtype.Timestamptz
 	LastError      pgtype.Text
+	HasPayload     bool
 	PayloadSize    int32
 }
 
@@ -192,6 +197,7 @@ func (q *Queries) ListFailedEvents(ctx context.Context, arg ListFailedEventsPara
 			&i.LeaseExpiresAt,
 			&i.CompletedAt,
 			&i.LastError,
+			&i.HasPayload,
 			&i.PayloadSize,
 		); err != nil {
 			return nil, err

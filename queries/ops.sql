@@ -37,7 +37,8 @@ WHERE status <> 'in_progress'
 -- Events newest first, optionally filtered; payloads are summarised, not read.
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
-       octet_length(payload)::integer AS payload_size
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
 FROM txhook_processed_events
 WHERE (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
   AND (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status)::text)
@@ -50,7 +51,8 @@ LIMIT @max_rows::integer;
 -- Failed events (dead letters) oldest first, optionally filtered.
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
-       octet_length(payload)::integer AS payload_size
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
 FROM txhook_processed_events
 WHERE status = 'failed'
   AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)

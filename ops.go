@@ -1,0 +1,250 @@
+package txhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/txhook/txhook/db"
+)
+
+// Statuses of a row in the events table, as EventRecord.Status reports them.
+const (
+	// StatusInProgress: a lease-mode delivery holds the event.
+	StatusInProgress = statusInProgress
+	// StatusDone: the event was processed (or replayed) and committed.
+	StatusDone = statusDone
+	// StatusFailed: the handler failed permanently; the event waits for a
+	// replay (a dead letter).
+	StatusFailed = statusFailed
+)
+
+// ErrEventNotFound is returned for a source and key with no row in the
+// events table (never delivered, or pruned).
+var ErrEventNotFound = errors.New("txhook: event not found")
+
+// Querier runs statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it,
+// so the read-only operations below can also run inside a caller's
+// transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// EventRecord is one row of the events table, as operators see it.
+type EventRecord struct {
+	Source string `json:"source"`
+	Key    string `json:"key"`
+	Type   string `json:"type"`
+	// Status is StatusInProgress, StatusDone or StatusFailed.
+	Status string `json:"status"`
+	// Attempts counts the claims and replays of the event.
+	Attempts  int       `json:"attempts"`
+	CreatedAt time.Time `json:"created_at"`
+	ClaimedAt time.Time `json:"claimed_at"`
+	// LeaseExpiresAt is set while a lease-mode claim runs.
+	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
+	// CompletedAt is when the event became done or failed.
+	CompletedAt time.Time `json:"completed_at,omitzero"`
+	// LastError is the error of the latest failed attempt.
+	LastError string `json:"last_error,omitempty"`
+	// HasPayload reports whether the payload is stored (Config.StorePayload),
+	// which replay needs; PayloadSize is its length in bytes.
+	HasPayload  bool `json:"has_payload"`
+	PayloadSize int  `json:"payload_size"`
+	// Payload is the stored payload. Only GetEventRecord fills it.
+	Payload []byte `json:"-"`
+}
+
+// EventFilter selects events for ListEvents. Empty fields do not filter.
+type EventFilter struct {
+	Source string
+	// Status is StatusInProgress, StatusDone or StatusFailed.
+	Status string
+	Type   string
+	// Since keeps events created at or after it.
+	Since time.Time
+	// Limit bounds the number of events returned. Defaults to 100.
+	Limit int
+}
+
+func limitOrDefault(n int) (int32, error) {
+	switch {
+	case n < 0 || n > 1<<30:
+		return 0, fmt.Errorf("txhook: limit %d out of range", n)
+	case n == 0:
+		return 100, nil
+	}
+	return int32(n), nil
+}
+
+func checkStatus(s string) error {
+	switch s {
+	case "", StatusInProgress, StatusDone, StatusFailed:
+		return nil
+	}
+	return fmt.Errorf("txhook: unknown status %q (want %s, %s or %s)", s, StatusInProgress, StatusDone, StatusFailed)
+}
+
+// ListEvents returns the events matching f, newest first.
+func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, error) {
+	limit, err := limitOrDefault(f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkStatus(f.Status); err != nil {
+		return nil, err
+	}
+	rows, err := db.New(q).ListEvents(ctx, db.ListEventsParams{
+		Source:    optText(f.Source),
+		Status:    optText(f.Status),
+		EventType: optText(f.Type),
+		Since:     pgtype.Timestamptz{Time: f.Since, Valid: !f.Since.IsZero()},
+		MaxRows:   limit,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	out := make([]EventRecord, len(rows))
+	for i, r := range rows {
+		out[i] = recordFromListRow(r)
+	}
+	return out, nil
+}
+
+// DeadLetterFilter selects failed events for ListDeadLetters and
+// Replayer.ReplayFailed. Empty fields do not filter.
+type DeadLetterFilter struct {
+	Source string
+	Type   string
+	// Limit bounds the number of events. Defaults to 100.
+	Limit int
+}
+
+// ListDeadLetters returns failed events, oldest first, with their last
+// error and attempt count.
+func ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]EventRecord, error) {
+	limit, err := limitOrDefault(f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.New(q).ListFailedEvents(ctx, db.ListFailedEventsParams{
+		Source:    optText(f.Source),
+		EventType: optText(f.Type),
+		MaxRows:   limit,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list failed events: %w", err)
+	}
+	out := make([]EventRecord, len(rows))
+	for i, r := range rows {
+		out[i] = recordFromListRow(db.ListEventsRow(r))
+	}
+	return out, nil
+}
+
+// GetEventRecord returns the event with the given source and key, payload
+// included, or an error matching ErrEventNotFound.
+func GetEventRecord(ctx context.Context, q Querier, source, key string) (EventRecord, error) {
+	r, err := db.New(q).GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return EventRecord{}, fmt.Errorf("get event %s/%s: %w", source, key, ErrEventNotFound)
+	}
+	if err != nil {
+		return EventRecord{}, fmt.Errorf("get event: %w", err)
+	}
+	return recordFromRow(r), nil
+}
+
+func recordFromListRow(r db.ListEventsRow) EventRecord {
+	return EventRecord{
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
+		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
+		LastError: r.LastError.String, HasPayload: r.HasPayload, PayloadSize: int(r.PayloadSize),
+	}
+}
+
+func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
+	return EventRecord{
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
+		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
+		LastError: r.LastError.String, HasPayload: r.Payload != nil, PayloadSize: len(r.Payload),
+		Payload: r.Payload,
+	}
+}
+
+// StatusCount is the number of events of one source in one status.
+type StatusCount struct {
+	Source string `json:"source"`
+	Status string `json:"status"`
+	Events int64  `json:"events"`
+}
+
+// LeaseInfo describes an in-progress event's claim.
+type LeaseInfo struct {
+	Source         string    `json:"source"`
+	Key            string    `json:"key"`
+	Attempts       int       `json:"attempts"`
+	ClaimedAt      time.Time `json:"claimed_at"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+}
+
+// Stats summarises the events table.
+type Stats struct {
+	// Counts holds the number of events by source and status, sorted.
+	Counts []StatusCount `json:"counts"`
+	// Total, InProgress, Done and Failed add Counts up over all sources.
+	Total      int64 `json:"total"`
+	InProgress int64 `json:"in_progress"`
+	Done       int64 `json:"done"`
+	Failed     int64 `json:"failed"`
+	// OldestInProgress is the in-progress event claimed longest ago, or nil.
+	OldestInProgress *LeaseInfo `json:"oldest_in_progress,omitempty"`
+}
+
+// ReadStats counts the events by source and status and finds the oldest
+// in-progress claim. It reads the whole table.
+func ReadStats(ctx context.Context, q Querier) (Stats, error) {
+	qs := db.New(q)
+	counts, err := qs.CountEventsBySourceStatus(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("count events: %w", err)
+	}
+	s := Stats{Counts: make([]StatusCount, len(counts))}
+	for i, c := range counts {
+		s.Counts[i] = StatusCount{Source: c.Source, Status: c.Status, Events: c.Events}
+		s.Total += c.Events
+		switch c.Status {
+		case StatusInProgress:
+			s.InProgress += c.Events
+		case StatusDone:
+			s.Done += c.Events
+		case StatusFailed:
+			s.Failed += c.Events
+		}
+	}
+	oldest, err := qs.OldestInProgress(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("find oldest in-progress event: %w", err)
+	}
+	if len(oldest) > 0 {
+		o := oldest[0]
+		s.OldestInProgress = &LeaseInfo{
+			Source: o.Source, Key: o.EventKey, Attempts: int(o.Attempts),
+			ClaimedAt: o.ClaimedAt.Time, LeaseExpiresAt: o.LeaseExpiresAt.Time,
+		}
+	}
+	return s, nil
+}
+
+func optText(s string) pgtype.Text {
+	return pgtype.Text{String: s, Valid: s != ""}
+}

@@ -1,0 +1,184 @@
+package txhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/txhook/txhook/db"
+)
+
+// Errors of Replay. The event's row is left unchanged with each of them.
+var (
+	// ErrNoPayload: the event's payload was not stored (Config.StorePayload
+	// was off when it was delivered), so there is nothing to replay; ask the
+	// provider to resend it instead.
+	ErrNoPayload = errors.New("txhook: event has no stored payload")
+	// ErrNoHandler: the lookup has no handler for the event's type.
+	ErrNoHandler = errors.New("txhook: no handler for event type")
+	// ErrNotFailed: the event is in progress (held by a lease-mode delivery),
+	// not failed.
+	ErrNotFailed = errors.New("txhook: event is not failed")
+)
+
+// HandlerLookup returns the application's handler for an event type, and
+// false when it has none.
+type HandlerLookup func(eventType string) (HandlerFunc, bool)
+
+// ReplayerConfig configures a Replayer. The zero value (or nil) gives the
+// defaults.
+type ReplayerConfig struct {
+	// Tx configures the replay transactions. Defaults to the zero TxOptions.
+	Tx *TxOptions
+}
+
+// Replayer runs failed events (dead letters) again through the
+// application's handlers, from their stored payloads, with the same
+// exactly-once rules as a delivery. It is safe for concurrent use.
+type Replayer struct {
+	db     Beginner
+	lookup HandlerLookup
+	txOpts TxOptions
+}
+
+// NewReplayer returns a Replayer that replays events in db with the handlers
+// that lookup returns.
+func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Replayer, error) {
+	if db == nil {
+		return nil, errors.New("txhook: new replayer: nil database")
+	}
+	if lookup == nil {
+		return nil, errors.New("txhook: new replayer: nil handler lookup")
+	}
+	var c ReplayerConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	return &Replayer{db: db, lookup: lookup, txOpts: c.Tx.withDefaults()}, nil
+}
+
+// Replay runs the failed event source/key through the handler for its type.
+//
+// In one transaction it locks the failed row, runs the handler on the stored
+// payload and marks the row done, so the handler's writes and the new status
+// commit together, and two concurrent replays of one event run the handler
+// once: the second waits for the first and finds the event done. Outcomes:
+//   - OutcomeProcessed: the handler succeeded; the event is done.
+//   - OutcomeDuplicate: the event was already done (replayed meanwhile);
+//     nothing ran.
+//   - OutcomeFailed: the handler failed permanently again; its writes were
+//     rolled back and the event stays failed with the new error (Result.Err)
+//     and one more attempt.
+//
+// Any error means nothing changed: the event is not found (ErrEventNotFound),
+// in progress (ErrNotFailed), without a stored payload (ErrNoPayload) or
+// without a handler (ErrNoHandler), or the handler returned an error that is
+// not permanent, which rolls everything back and leaves the event failed as
+// it was. A *CommitUnknownError means the outcome cannot be known.
+func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, error) {
+	var res Result
+	err := RunTx(ctx, r.db, &r.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		res, err = r.replayTx(ctx, tx, source, key)
+		return err
+	})
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, errRollback):
+		return res, nil
+	}
+	return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+}
+
+func (r *Replayer) replayTx(ctx context.Context, tx pgx.Tx, source, key string) (Result, error) {
+	q := db.New(tx)
+	ids := db.LockFailedEventParams{Source: source, EventKey: key}
+	row, err := q.LockFailedEvent(ctx, ids)
+	if errors.Is(err, pgx.ErrNoRows) {
+		cur, err := q.GetEvent(ctx, db.GetEventParams(ids))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return Result{}, ErrEventNotFound
+		case err != nil:
+			return Result{}, fmt.Errorf("read event: %w", err)
+		case cur.Status == statusDone:
+			return Result{Outcome: OutcomeDuplicate}, errRollback
+		}
+		return Result{}, ErrNotFailed
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("lock failed event: %w", err)
+	}
+	if row.Payload == nil {
+		return Result{}, ErrNoPayload
+	}
+	h, ok := r.lookup(row.EventType)
+	if !ok || h == nil {
+		return Result{}, fmt.Errorf("%w %q", ErrNoHandler, row.EventType)
+	}
+	ev := Event{Source: row.Source, Key: row.EventKey, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
+	herr := RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, ev) })
+	if herr != nil {
+		if !IsPermanent(herr) {
+			return Result{}, fmt.Errorf("handle event: %w", herr)
+		}
+		if _, err := q.RecordReplayFailure(ctx, db.RecordReplayFailureParams{
+			LastError: pgtype.Text{String: errorText(herr), Valid: true},
+			Source:    source,
+			EventKey:  key,
+		}); err != nil {
+			return Result{}, fmt.Errorf("record replay failure: %w", err)
+		}
+		return Result{Outcome: OutcomeFailed, Err: herr}, nil
+	}
+	n, err := q.MarkReplayed(ctx, db.MarkReplayedParams(ids))
+	if err != nil {
+		return Result{}, fmt.Errorf("mark event done: %w", err)
+	}
+	if n != 1 {
+		// The row is locked by this transaction; this cannot happen.
+		return Result{}, fmt.Errorf("mark event done: %d rows updated", n)
+	}
+	return Result{Outcome: OutcomeProcessed}, nil
+}
+
+// ReplayReport is the result of replaying one event in ReplayFailed.
+type ReplayReport struct {
+	Source string
+	Key    string
+	Type   string
+	// Result is Replay's result, valid when Err is nil.
+	Result Result
+	// Err is Replay's error; the event is unchanged.
+	Err error
+}
+
+// ReplayFailed replays the failed events that f selects, oldest first, each
+// in its own transaction (see Replay), and reports on each. One event's
+// error does not stop the others. The returned error is set only when the
+// events cannot be listed or ctx ends; the reports then cover the events
+// replayed so far.
+func (r *Replayer) ReplayFailed(ctx context.Context, f DeadLetterFilter) ([]ReplayReport, error) {
+	tx, err := r.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("replay failed events: begin: %w", err)
+	}
+	events, err := ListDeadLetters(ctx, tx, f)
+	rollback(ctx, tx, r.txOpts.FinishTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("replay failed events: %w", err)
+	}
+	reports := make([]ReplayReport, 0, len(events))
+	for _, ev := range events {
+		if err := ctx.Err(); err != nil {
+			return reports, fmt.Errorf("replay failed events: %w", err)
+		}
+		res, err := r.Replay(ctx, ev.Source, ev.Key)
+		reports = append(reports, ReplayReport{Source: ev.Source, Key: ev.Key, Type: ev.Type, Result: res, Err: err})
+	}
+	return reports, nil
+}
