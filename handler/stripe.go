@@ -112,11 +112,11 @@ func parseStripeHeader(h string) (string, [][]byte, error) {
 			sigs = append(sigs, b)
 		}
 	}
-	if t == "" {
-		return "", nil, fmt.Errorf("%w: no timestamp in %s header", ErrTimestamp, StripeSignatureHeader)
-	}
 	if len(sigs) == 0 {
 		return "", nil, fmt.Errorf("%w: no v1 signature", ErrSignature)
+	}
+	if t == "" {
+		return "", nil, fmt.Errorf("%w: no timestamp in %s header", ErrTimestamp, StripeSignatureHeader)
 	}
 	return t, sigs, nil
 }
