@@ -1,0 +1,132 @@
+package migrations_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/migrations"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// emptyDB returns a database with no schema at all.
+func emptyDB(t *testing.T) *testdb.DB {
+	t.Helper()
+	return testdb.New(t, testdb.Template{
+		Name:    "empty",
+		Migrate: func(context.Context, string) error { return nil },
+	})
+}
+
+func tableExists(t *testing.T, d *testdb.DB, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := d.Pool.QueryRow(t.Context(), "SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestUpDownVersion(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	latest, err := migrations.Latest()
+	if err != nil || latest == 0 {
+		t.Fatalf("Latest = %d, %v", latest, err)
+	}
+	if v, dirty, err := migrations.Version(ctx, d.URL); err != nil || v != 0 || dirty {
+		t.Fatalf("Version before Up = %d, %v, %v; want 0", v, dirty, err)
+	}
+	for range 2 { // the second Up finds nothing to do
+		if err := migrations.Up(ctx, d.URL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, dirty, err := migrations.Version(ctx, d.URL); err != nil || v != latest || dirty {
+		t.Fatalf("Version after Up = %d, %v, %v; want %d", v, dirty, err, latest)
+	}
+	if !tableExists(t, d, "txhook_processed_events") || !tableExists(t, d, migrations.TableName) {
+		t.Fatal("Up did not create the events table and its own migrations table")
+	}
+	if err := migrations.Down(ctx, d.URL, 0); err != nil {
+		t.Fatal(err)
+	}
+	if tableExists(t, d, "txhook_processed_events") {
+		t.Error("Down left the events table")
+	}
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatalf("Up after Down: %v", err)
+	}
+}
+
+func TestDownSteps(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	latest, _ := migrations.Latest()
+	if latest < 2 {
+		t.Skip("needs two migrations")
+	}
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Down(ctx, d.URL, 1); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := migrations.Version(ctx, d.URL)
+	if err != nil || v >= latest || v == 0 {
+		t.Errorf("Version after Down 1 = %d, %v; want between 0 and %d", v, err, latest)
+	}
+}
+
+// Several instances starting at once all succeed and apply each migration once.
+func TestConcurrentUp(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() { errs <- migrations.Up(context.Background(), d.URL) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Up: %v", err)
+		}
+	}
+	latest, _ := migrations.Latest()
+	if v, dirty, err := migrations.Version(t.Context(), d.URL); err != nil || v != latest || dirty {
+		t.Errorf("Version = %d, %v, %v; want %d clean", v, dirty, err, latest)
+	}
+}
+
+// The application's own golang-migrate table is left alone.
+func TestCoexistsWithApplicationMigrations(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	if _, err := d.Pool.Exec(ctx, `CREATE TABLE schema_migrations (version bigint PRIMARY KEY, dirty boolean NOT NULL);
+		INSERT INTO schema_migrations VALUES (20240101, false)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	var v int64
+	if err := d.Pool.QueryRow(ctx, "SELECT version FROM schema_migrations").Scan(&v); err != nil || v != 20240101 {
+		t.Errorf("application's schema_migrations = %d, %v; want untouched", v, err)
+	}
+}
+
+func TestUpRejectsBadURL(t *testing.T) {
+	if err := migrations.Up(context.Background(), ""); err == nil {
+		t.Error("empty URL accepted")
+	}
+	if err := migrations.Up(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
+		t.Error("unreachable database accepted")
+	}
+}

@@ -1,0 +1,240 @@
+// Package crash proves the core claim with real process deaths: the process
+// applying an event is killed (os.Exit at a crash point) between the key
+// insert and COMMIT, and at every other fault point; after a restart and a
+// redelivery, the event's effect exists exactly once. The same test against
+// the naive dedupe (key committed alone, then the work) shows the event lost,
+// which proves the test can detect a loss.
+package crash
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/testdb"
+)
+
+// childEnv selects the child mode of this test binary.
+const childEnv = "TXHOOK_CRASHTEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(child(mode))
+	}
+	testdb.Main(m)
+}
+
+// schema is the business side: an order row and a running total that is not
+// idempotent on its own (applying the event twice doubles it).
+const schema = `
+CREATE TABLE orders (id text PRIMARY KEY, amount bigint NOT NULL);
+CREATE TABLE totals (customer text PRIMARY KEY, spent bigint NOT NULL);
+CREATE TABLE naive_processed_events (event_key text PRIMARY KEY);`
+
+func apply(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	if _, err := tx.Exec(ctx, "INSERT INTO orders (id, amount) VALUES ($1, 500)", "order-"+ev.Key); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO totals (customer, spent) VALUES ('cus_1', 500)
+		ON CONFLICT (customer) DO UPDATE SET spent = totals.spent + 500`)
+	return err
+}
+
+// child processes one event and prints its outcome. TXHOOK_CRASH_POINT makes
+// it die on the way.
+func child(mode string) int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pool.Close()
+	ev := txhook.Event{Source: "crash-test", Key: "evt_crash", Type: "checkout.session.completed"}
+	var outcome string
+	switch mode {
+	case "txhook":
+		p, err := txhook.NewProcessor(pool, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		res, err := p.Process(ctx, ev, apply)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		outcome = res.Outcome.String()
+	case "naive":
+		outcome, err = naive(ctx, pool, ev)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	default:
+		return 2
+	}
+	fmt.Println(outcome)
+	return 0
+}
+
+// naive is the dedupe most receivers copy: commit the key, then do the work
+// in a second transaction. It honours the same crash points.
+func naive(ctx context.Context, pool *pgxpool.Pool, ev txhook.Event) (string, error) {
+	crashAt := func(p txhook.CrashPoint) {
+		if os.Getenv(txhook.CrashPointEnv) == string(p) {
+			os.Exit(txhook.CrashExitCode)
+		}
+	}
+	tag, err := pool.Exec(ctx, "INSERT INTO naive_processed_events VALUES ($1) ON CONFLICT DO NOTHING", ev.Key)
+	if err != nil {
+		return "", err
+	}
+	if tag.RowsAffected() == 0 {
+		return "duplicate", nil
+	}
+	crashAt(txhook.CrashAfterInsert)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := apply(ctx, tx, ev); err != nil {
+			return err
+		}
+		crashAt(txhook.CrashAfterHandler)
+		crashAt(txhook.CrashBeforeCommit)
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	crashAt(txhook.CrashAfterCommit)
+	return "processed", nil
+}
+
+// run starts this test binary in child mode and returns its exit code and
+// standard output.
+func run(t *testing.T, dbURL, mode string, crashPoint txhook.CrashPoint) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "DATABASE_URL="+dbURL, txhook.CrashPointEnv+"="+string(crashPoint))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, strings.TrimSpace(stdout.String())
+	case errors.As(err, &exitErr):
+		if exitErr.ExitCode() != txhook.CrashExitCode {
+			t.Logf("child stderr: %s", stderr.String())
+		}
+		return exitErr.ExitCode(), strings.TrimSpace(stdout.String())
+	}
+	t.Fatalf("run child: %v", err)
+	return 0, ""
+}
+
+type state struct{ orders, spent int }
+
+func readState(t *testing.T, pool *pgxpool.Pool) state {
+	t.Helper()
+	var s state
+	err := pool.QueryRow(t.Context(),
+		"SELECT (SELECT count(*) FROM orders), COALESCE((SELECT spent FROM totals WHERE customer = 'cus_1'), 0)").
+		Scan(&s.orders, &s.spent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var crashPoints = []txhook.CrashPoint{
+	txhook.CrashAfterInsert,
+	txhook.CrashAfterHandler,
+	txhook.CrashBeforeCommit,
+	txhook.CrashAfterCommit,
+}
+
+func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
+	t.Parallel()
+	for _, cp := range crashPoints {
+		t.Run(string(cp), func(t *testing.T) {
+			t.Parallel()
+			d := testdb.New(t)
+			if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
+				t.Fatal(err)
+			}
+			if code, _ := run(t, d.URL, "txhook", cp); code != txhook.CrashExitCode {
+				t.Fatalf("first delivery exited %d, want the crash exit %d", code, txhook.CrashExitCode)
+			}
+			// Restarted without the crash point, the provider redelivers.
+			code, out := run(t, d.URL, "txhook", "")
+			if code != 0 {
+				t.Fatalf("redelivery exited %d", code)
+			}
+			want := "processed"
+			if cp == txhook.CrashAfterCommit {
+				want = "duplicate" // it committed before the process died
+			}
+			if out != want {
+				t.Errorf("redelivery outcome = %q, want %q", out, want)
+			}
+			// And once more, as providers do.
+			if _, out := run(t, d.URL, "txhook", ""); out != "duplicate" {
+				t.Errorf("third delivery outcome = %q, want duplicate", out)
+			}
+			if s := readState(t, d.Pool); s != (state{orders: 1, spent: 500}) {
+				t.Errorf("state = %+v, want exactly one order and 500 spent", s)
+			}
+		})
+	}
+}
+
+// The naive dedupe, killed between its key insert and the work, loses the
+// event: every redelivery is answered "duplicate" and the order never exists.
+// This is the loss txhook prevents, and proof that the test above would see
+// one.
+func TestNaiveDedupeLosesEventOnCrash(t *testing.T) {
+	t.Parallel()
+	for _, cp := range []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashBeforeCommit} {
+		t.Run(string(cp), func(t *testing.T) {
+			t.Parallel()
+			d := testdb.New(t)
+			if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
+				t.Fatal(err)
+			}
+			if code, _ := run(t, d.URL, "naive", cp); code != txhook.CrashExitCode {
+				t.Fatalf("first delivery exited %d, want the crash exit", code)
+			}
+			code, out := run(t, d.URL, "naive", "")
+			if code != 0 || out != "duplicate" {
+				t.Fatalf("redelivery = %d %q, want the naive receiver to answer duplicate", code, out)
+			}
+			if s := readState(t, d.Pool); s != (state{}) {
+				t.Errorf("state = %+v, want the event lost (no order)", s)
+			}
+		})
+	}
+}
+
+// Without a crash, the naive receiver works: the loss above is the crash's.
+func TestNaiveDedupeWithoutCrash(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, out := run(t, d.URL, "naive", ""); out != "processed" {
+		t.Fatalf("outcome = %q, want processed", out)
+	}
+	if s := readState(t, d.Pool); s != (state{orders: 1, spent: 500}) {
+		t.Errorf("state = %+v", s)
+	}
+}
