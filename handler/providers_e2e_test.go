@@ -1,0 +1,276 @@
+package handler_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/handler"
+)
+
+// TestProvidersEndToEnd delivers one event per provider through a real
+// server and PostgreSQL: processed, then a retry answered as a duplicate,
+// then a forged delivery rejected.
+func TestProvidersEndToEnd(t *testing.T) {
+	t.Parallel()
+	type provider interface {
+		handler.Provider
+		handler.Signer
+	}
+	for _, tc := range []struct {
+		name    string
+		p, evil provider
+		body    string
+		headers []string
+	}{
+		{
+			name: "stripe",
+			p:    &handler.Stripe{Secrets: []string{"whsec_1"}}, evil: &handler.Stripe{Secrets: []string{"whsec_2"}},
+			body: stripeEvent("evt_p1", "invoice.paid"),
+		},
+		{
+			name: "github",
+			p:    &handler.GitHub{Secrets: []string{"gh"}}, evil: &handler.GitHub{Secrets: []string{"hg"}},
+			body:    `{"ref":"refs/heads/main"}`,
+			headers: []string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
+		},
+		{
+			name: "standard",
+			p:    &handler.StandardWebhooks{Secrets: []string{"whsec_c2VjcmV0LTE="}}, evil: &handler.StandardWebhooks{Secrets: []string{"whsec_c2VjcmV0LTI="}},
+			body:    `{"type":"invoice.paid","data":{}}`,
+			headers: []string{"webhook-id", "msg_1"},
+		},
+		{
+			name: "shopify",
+			p:    &handler.Shopify{Secrets: []string{"shp"}}, evil: &handler.Shopify{Secrets: []string{"phs"}},
+			body:    `{"id":1}`,
+			headers: []string{"X-Shopify-Event-Id", "ev-1", "X-Shopify-Webhook-Id", "wh-1", "X-Shopify-Topic", "orders/create"},
+		},
+		{
+			name: "hmac",
+			p:    &handler.HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", Prefix: "sha256=", KeyField: "id", TypeField: "event"},
+			evil: &handler.HMAC{Secrets: []string{"x"}, SignatureHeader: "X-Sig", Prefix: "sha256=", KeyField: "id", TypeField: "event"},
+			body: `{"id":"e-1","event":"push"}`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, handler.Config{Source: tc.name, Provider: tc.p}, nil)
+			e.post(tc.evil, tc.body, tc.headers...).want(t, 400, "error", "bad_signature")
+			e.wantCounts(0, 0)
+			e.post(tc.p, tc.body, tc.headers...).want(t, 200, "status", "processed")
+			e.wantCounts(1, 1)
+			e.post(tc.p, tc.body, tc.headers...).want(t, 200, "status", "duplicate")
+			e.wantCounts(1, 1)
+		})
+	}
+}
+
+// TestSvixHeaders checks that Svix's header names are accepted.
+func TestSvixHeaders(t *testing.T) {
+	t.Parallel()
+	p := &handler.StandardWebhooks{Secrets: []string{"whsec_c2VjcmV0LTE="}}
+	e := newEnv(t, handler.Config{Source: "svix", Provider: p}, nil)
+	body := `{"type":"invoice.paid"}`
+	h := hdr("webhook-id", "msg_svix")
+	if err := p.Sign(h, []byte(body), now); err != nil {
+		t.Fatal(err)
+	}
+	svix := hdr("svix-id", h.Get("webhook-id"), "svix-timestamp", h.Get("webhook-timestamp"), "svix-signature", h.Get("webhook-signature"))
+	e.do(http.MethodPost, svix, body).want(t, 200, "status", "processed")
+	var key string
+	if err := e.pool.QueryRow(t.Context(), `SELECT event_key FROM effects`).Scan(&key); err != nil || key != "msg_svix" {
+		t.Errorf("key = %q, %v", key, err)
+	}
+}
+
+func TestGitHubPing(t *testing.T) {
+	t.Parallel()
+	p := &handler.GitHub{Secrets: []string{"gh"}}
+	e := newEnv(t, handler.Config{Source: "github", Provider: p}, nil)
+	e.post(p, `{"zen":"Keep it logically awesome.","hook_id":1}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
+		want(t, 200, "status", "ping")
+	e.wantCounts(0, 0)
+	// A ping is still verified.
+	e.post(&handler.GitHub{Secrets: []string{"other"}}, `{}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
+		want(t, 400, "error", "bad_signature")
+}
+
+// TestReplayGuard replays a captured body and signature under fresh id
+// headers.
+func TestReplayGuard(t *testing.T) {
+	t.Parallel()
+	gh := &handler.GitHub{Secrets: []string{"gh"}}
+	shop := &handler.Shopify{Secrets: []string{"shp"}}
+	body := `{"action":"opened","number":7}`
+	for _, tc := range []struct {
+		name string
+		p    interface {
+			handler.Provider
+			handler.Signer
+		}
+		guard      handler.ReplayGuard
+		first, rep []string
+		wantReplay bool
+	}{
+		{"github default", gh, handler.ReplayGuardAuto,
+			[]string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
+			[]string{"X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push"}, true},
+		{"shopify default", shop, handler.ReplayGuardAuto,
+			[]string{"X-Shopify-Event-Id", "ev-1", "X-Shopify-Topic", "orders/create"},
+			[]string{"X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "orders/create"}, true},
+		{"github off", gh, handler.ReplayGuardOff,
+			[]string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
+			[]string{"X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard}, nil)
+			e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
+			r := e.post(tc.p, body, tc.rep...)
+			if !tc.wantReplay {
+				r.want(t, 200, "status", "processed")
+				e.wantCounts(2, 2)
+				return
+			}
+			r.want(t, 200, "status", "replay")
+			e.wantCounts(1, 1)
+			if !strings.Contains(e.logs.String(), "suspected replay") {
+				t.Error("replay not logged")
+			}
+			// A legitimate redelivery (same id) is still a plain duplicate,
+			// and a different body under a new id is processed.
+			e.post(tc.p, body, tc.first...).want(t, 200, "status", "duplicate")
+			e.post(tc.p, body+" ", tc.rep...).want(t, 200, "status", "processed")
+			e.wantCounts(2, 2)
+		})
+	}
+
+	t.Run("stripe opt in", func(t *testing.T) {
+		t.Parallel()
+		// Stripe bodies carry their id, so the guard is off by default;
+		// switched on, it stores hashes and finds nothing to block.
+		e, p := stripeEnv(t, handler.Config{ReplayGuard: handler.ReplayGuardOn}, nil)
+		e.post(p, stripeEvent("evt_a", "invoice.paid")).want(t, 200, "status", "processed")
+		var n int
+		if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM txhook_processed_events WHERE payload_hash IS NOT NULL`).Scan(&n); err != nil || n != 1 {
+			t.Errorf("hashed rows = %d, %v; want 1", n, err)
+		}
+	})
+	t.Run("outside window", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, nil)
+		e.post(gh, body, "X-GitHub-Delivery", "d-old", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
+		if _, err := e.pool.Exec(t.Context(), `UPDATE txhook_processed_events SET created_at = now() - interval '15 days'`); err != nil {
+			t.Fatal(err)
+		}
+		e.post(gh, body, "X-GitHub-Delivery", "d-new", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
+	})
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := handler.Config{Source: "s", Provider: &handler.Stripe{Secrets: []string{"x"}}}
+	if _, err := handler.New(proc, &ok); err != nil {
+		t.Fatalf("New(valid) = %v", err)
+	}
+	for name, mutate := range map[string]func(c *handler.Config){
+		"no source":        func(c *handler.Config) { c.Source = "" },
+		"NUL source":       func(c *handler.Config) { c.Source = "a\x00" },
+		"no provider":      func(c *handler.Config) { c.Provider = nil },
+		"no secret":        func(c *handler.Config) { c.Provider = &handler.Stripe{} },
+		"bad in-flight":    func(c *handler.Config) { c.InFlightStatus = 200 },
+		"negative limit":   func(c *handler.Config) { c.MaxBodyBytes = -1 },
+		"guard without DB": func(c *handler.Config) { c.Provider = &handler.GitHub{Secrets: []string{"x"}} },
+		"nil route":        func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": nil} },
+		"nil tx handler":   func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": handler.Tx(nil)} },
+		"unknown guard":    func(c *handler.Config) { c.ReplayGuard = 9 },
+	} {
+		c := ok
+		mutate(&c)
+		if _, err := handler.New(proc, &c); err == nil {
+			t.Errorf("%s: New = nil error", name)
+		}
+	}
+	if _, err := handler.New(nil, &ok); err == nil {
+		t.Error("nil processor: New = nil error")
+	}
+	if _, err := handler.New(proc, nil); err == nil {
+		t.Error("nil config: New = nil error")
+	}
+}
+
+func TestTxHandlerLookup(t *testing.T) {
+	t.Parallel()
+	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	called := ""
+	mk := func(name string) txhook.HandlerFunc {
+		return func(context.Context, pgx.Tx, txhook.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			called = name
+			return nil
+		}
+	}
+	ep, err := handler.New(proc, &handler.Config{
+		Source:   "s",
+		Provider: &handler.Stripe{Secrets: []string{"x"}},
+		Routes: map[string]handler.Route{
+			"a": handler.Tx(mk("a")),
+			"b": handler.RouteFunc(func(context.Context, *txhook.Processor, txhook.Event) (txhook.Result, error) {
+				return txhook.Result{}, nil
+			}),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, ok := ep.TxHandler("a")
+	if !ok {
+		t.Fatal("TxHandler(a) not found")
+	}
+	if err := h(t.Context(), nil, txhook.Event{}); err != nil || called != "a" {
+		t.Errorf("TxHandler(a) ran %q, %v", called, err)
+	}
+	if _, ok := ep.TxHandler("b"); ok {
+		t.Error("TxHandler(b): a non-transactional route was returned")
+	}
+	if _, ok := ep.TxHandler("zzz"); ok {
+		t.Error("TxHandler(zzz): found without a fallback")
+	}
+	ep, err = handler.New(proc, &handler.Config{
+		Source: "s", Provider: &handler.Stripe{Secrets: []string{"x"}}, Fallback: handler.Tx(mk("fallback")),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, ok := ep.TxHandler("zzz"); !ok || h(t.Context(), nil, txhook.Event{}) != nil || called != "fallback" {
+		t.Errorf("TxHandler(zzz) with fallback: ok=%v called=%q", ok, called)
+	}
+}
+
+// stubBeginner lets tests build a Processor that never reaches a database.
+type stubBeginner struct{}
+
+func (stubBeginner) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
+	return nil, errStub
+}
+
+var errStub = &stubError{}
+
+type stubError struct{}
+
+func (*stubError) Error() string { return "stub: no database" }
