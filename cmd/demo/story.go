@@ -30,6 +30,7 @@ type demo struct {
 type customer struct {
 	name string
 	id   string
+	via  string // the receiver that handles the customer's events
 }
 
 // event is one of the story's checkout.session.completed events.
@@ -55,8 +56,8 @@ const crashWait = 15 * time.Second
 // only when the demo itself cannot go on; steps that misbehave are recorded
 // in d.failures.
 func (d *demo) story(ctx context.Context) error {
-	alice := customer{name: "Alice", id: "cus_" + d.tag + "_alice"}
-	bob := customer{name: "Bob", id: "cus_" + d.tag + "_bob"}
+	alice := customer{name: "Alice", id: "cus_" + d.tag + "_alice", via: "txhook"}
+	bob := customer{name: "Bob", id: "cus_" + d.tag + "_bob", via: "naive dedupe: event lost"}
 	ev1 := event{id: "evt_" + d.tag + "_1", session: "cs_" + d.tag + "_1", customer: alice, amount: 4200}
 	ev2 := event{id: "evt_" + d.tag + "_2", session: "cs_" + d.tag + "_2", customer: alice, amount: 1800}
 	ev3 := event{id: "evt_" + d.tag + "_3", session: "cs_" + d.tag + "_3", customer: bob, amount: 2500}
@@ -76,7 +77,7 @@ func (d *demo) story(ctx context.Context) error {
 	d.sayf("Stripe sends %s (checkout.session.completed): %s pays %s, order %s.",
 		ev1.id, alice.name, money(ev1.amount), ev1.session)
 	a := d.deliver(ctx, ordersAddr, ev1)
-	d.expect(a.Status == http.StatusOK, "answered 200: the event's effects are committed")
+	d.expect(a.Status == http.StatusOK && a.outcome() == "processed", "answered 200 processed: the event's effects are committed")
 	if err := d.expectApplied(ctx, ev1, 4200); err != nil {
 		return err
 	}
@@ -89,7 +90,7 @@ func (d *demo) story(ctx context.Context) error {
 	d.say("Providers deliver at least once: when Stripe misses an answer, it sends the event again.")
 	d.sayf("Stripe resends %s.", ev1.id)
 	a = d.deliver(ctx, ordersAddr, ev1)
-	d.expect(a.Status == http.StatusOK, "answered 200, so Stripe stops resending")
+	d.expect(a.Status == http.StatusOK && a.outcome() == "duplicate", "answered 200 duplicate, so Stripe stops resending; the handler did not run")
 	if err := d.expectApplied(ctx, ev1, 4200); err != nil {
 		return err
 	}
@@ -119,7 +120,7 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 	a = d.deliver(ctx, ordersAddr, ev2)
-	d.expect(a.Status == http.StatusOK, "answered 200")
+	d.expect(a.Status == http.StatusOK && a.outcome() == "processed", "answered 200 processed")
 	if err := d.expectApplied(ctx, ev2, 6000); err != nil {
 		return err
 	}
@@ -153,7 +154,7 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 	a = d.deliver(ctx, naiveAddr, ev3)
-	d.expect(a.Status == http.StatusOK && strings.Contains(a.Body, "already processed"),
+	d.expect(a.Status == http.StatusOK && a.outcome() == "already processed",
 		`answered 200 "already processed": Stripe will never send this event again`)
 	orders, err := d.state.orders(ctx, ev3.session)
 	if err != nil {
@@ -250,8 +251,7 @@ func (d *demo) expectKey(ctx context.Context, eventID string, want int, what str
 // finalState prints this run's rows as small tables.
 func (d *demo) finalState(ctx context.Context, customers []customer, want map[string]int64, events []event) error {
 	d.heading("Final state of the database (this run's rows)")
-	tw := tabwriter.NewWriter(d.out, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "  customers.id\ttotal_spent\tshould be\t")
+	rows := [][]string{{"customers.id", "total_spent", "should be", "verdict"}}
 	for _, c := range customers {
 		total, err := d.state.total(ctx, c.id)
 		if err != nil {
@@ -261,10 +261,13 @@ func (d *demo) finalState(ctx context.Context, customers []customer, want map[st
 		if total != want[c.id] {
 			verdict = "WRONG"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", c.id, money(total), money(want[c.id]), verdict)
+		rows = append(rows, []string{c.id, money(total), money(want[c.id]), verdict + " (" + c.via + ")"})
 	}
-	fmt.Fprintln(tw, "\t\t\t")
-	fmt.Fprintln(tw, "  event\torder\ttxhook_processed_events\tnaive_processed_events")
+	if err := d.table(rows); err != nil {
+		return err
+	}
+	d.say("")
+	rows = [][]string{{"event", "orders row", "txhook_processed_events", "naive_processed_events"}}
 	for _, ev := range events {
 		n, err := d.state.orders(ctx, ev.session)
 		if err != nil {
@@ -286,14 +289,26 @@ func (d *demo) finalState(ctx context.Context, customers []customer, want map[st
 		if nk > 0 {
 			naive = "processed"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.id, order, status, naive)
+		rows = append(rows, []string{ev.id, order, status, naive})
 	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("print final state: %w", err)
+	if err := d.table(rows); err != nil {
+		return err
 	}
 	d.say("")
 	d.say("txhook: every event's effect exists exactly once, through a duplicate and a crash.")
-	d.say("Naive dedupe: one crash, one event marked processed whose order never existed.")
+	d.say("Naive dedupe: one crash, and an event marked processed whose order never existed.")
+	return nil
+}
+
+// table prints rows as aligned columns, the first row as the header.
+func (d *demo) table(rows [][]string) error {
+	tw := tabwriter.NewWriter(d.out, 0, 0, 3, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, "  "+strings.Join(r, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("print table: %w", err)
+	}
 	return nil
 }
 
@@ -302,7 +317,13 @@ func (d *demo) heading(s string) {
 	fmt.Fprintln(d.out, s)
 }
 
-func (d *demo) say(s string) { fmt.Fprintln(d.out, "  "+s) }
+func (d *demo) say(s string) {
+	if s == "" {
+		fmt.Fprintln(d.out)
+		return
+	}
+	fmt.Fprintln(d.out, "  "+s)
+}
 
 func (d *demo) sayf(format string, args ...any) { d.say(fmt.Sprintf(format, args...)) }
 

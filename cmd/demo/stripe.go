@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/txhook/txhook/handler"
@@ -53,9 +56,32 @@ type answer struct {
 
 func (a answer) String() string {
 	if a.Err != nil {
-		return "no answer: " + a.Err.Error()
+		return "no answer: " + transportError(a.Err)
 	}
 	return fmt.Sprintf("HTTP %d %s", a.Status, a.Body)
+}
+
+// outcome returns the "status" field of a JSON answer ("processed",
+// "duplicate"), or "" when there is none.
+func (a answer) outcome() string {
+	var v struct {
+		Status string `json:"status"`
+	}
+	if a.Err != nil || json.Unmarshal([]byte(a.Body), &v) != nil {
+		return ""
+	}
+	return v.Status
+}
+
+// transportError describes a failed request without the URL.
+func transportError(err error) string {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		return "the connection closed (" + err.Error() + ")"
+	}
+	return err.Error()
 }
 
 // sender acts as Stripe: it signs each delivery with the endpoint's secret

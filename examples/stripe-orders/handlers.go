@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook"
@@ -14,9 +13,9 @@ import (
 )
 
 // The transactional handlers. Each runs in the transaction that records the
-// event's key, and writes only through the example's sqlc queries on that
-// transaction (ordersdb.New(tx)): the business rows and the key commit
-// together or not at all.
+// event's key and gets the example's sqlc queries bound to that transaction
+// (txhook.WithQueries(ordersdb.New, ...) in routes.go), so every write it
+// can make commits together with the key or not at all.
 //
 // A payload that can never be applied (a missing id, a negative amount) is a
 // txhook.Permanent error: the event is recorded as failed, with its payload,
@@ -70,7 +69,7 @@ func badObject(ev txhook.Event, what string) error {
 // customer's total. The total's update is deliberately not idempotent: it is
 // correct only because the event's key commits in the same transaction, so
 // a redelivered event never reaches it.
-func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+func checkoutSessionCompleted(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
 	cs, err := object[checkoutSession](ev)
 	if err != nil {
 		return err
@@ -85,7 +84,6 @@ func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) e
 	if cs.Customer != nil && *cs.Customer != "" {
 		customer = pgtype.Text{String: *cs.Customer, Valid: true}
 	}
-	q := ordersdb.New(tx)
 	if _, err := q.InsertOrder(ctx, ordersdb.InsertOrderParams{
 		CheckoutSessionID: cs.ID,
 		CustomerID:        customer,
@@ -108,12 +106,12 @@ func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) e
 // invoiceCreated records the invoice as pending. It is idempotent on its own
 // (ON CONFLICT DO NOTHING) and leaves an invoice that invoice.paid already
 // recorded as paid.
-func invoiceCreated(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+func invoiceCreated(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
 	in, err := validInvoice(ev)
 	if err != nil {
 		return err
 	}
-	if _, err := ordersdb.New(tx).CreateInvoice(ctx, ordersdb.CreateInvoiceParams{
+	if _, err := q.CreateInvoice(ctx, ordersdb.CreateInvoiceParams{
 		ID:         in.ID,
 		CustomerID: in.Customer,
 		AmountDue:  *in.AmountDue,
@@ -126,12 +124,12 @@ func invoiceCreated(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 // invoicePaid moves the invoice from pending to paid, or records it as paid
 // when invoice.created has not arrived yet (Stripe does not promise order).
 // It is idempotent on its own: an invoice already paid is left as it is.
-func invoicePaid(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+func invoicePaid(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
 	in, err := validInvoice(ev)
 	if err != nil {
 		return err
 	}
-	if _, err := ordersdb.New(tx).MarkInvoicePaid(ctx, ordersdb.MarkInvoicePaidParams{
+	if _, err := q.MarkInvoicePaid(ctx, ordersdb.MarkInvoicePaidParams{
 		ID:         in.ID,
 		CustomerID: in.Customer,
 		AmountDue:  *in.AmountDue,

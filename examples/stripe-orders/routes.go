@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
 )
 
@@ -26,9 +27,9 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		return nil, fmt.Errorf("new processor: %w", err)
 	}
 	routes := map[string]handler.Route{
-		"checkout.session.completed": handler.Tx(checkoutSessionCompleted),
-		"invoice.created":            handler.Tx(invoiceCreated),
-		"invoice.paid":               handler.Tx(invoicePaid),
+		"checkout.session.completed": handler.Tx(txhook.WithQueries(ordersdb.New, checkoutSessionCompleted)),
+		"invoice.created":            handler.Tx(txhook.WithQueries(ordersdb.New, invoiceCreated)),
+		"invoice.paid":               handler.Tx(txhook.WithQueries(ordersdb.New, invoicePaid)),
 	}
 	if cfg.FulfillmentURL != "" {
 		f := newFulfillment(cfg.FulfillmentURL)
