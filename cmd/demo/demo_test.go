@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/txhook/txhook/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// TestDemo runs the whole story against a fresh database: the example and
+// the naive receiver as real processes, real signatures, real crashes.
+func TestDemo(t *testing.T) {
+	db := testdb.New(t)
+	var out bytes.Buffer
+	err := run(t.Context(), &out, db.URL)
+	t.Log("demo output:\n" + out.String())
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	text := out.String()
+	if strings.Contains(text, "[FAIL]") || !strings.Contains(text, "Every step behaved as described.") {
+		t.Fatal("demo reported a step that did not behave as described")
+	}
+	// The story's end state, read independently of the demo's own checks.
+	var orders, events, naive int
+	var aliceTotal int64
+	err = db.Pool.QueryRow(t.Context(), `SELECT
+		(SELECT count(*) FROM orders),
+		(SELECT count(*) FROM txhook_processed_events WHERE status = 'done'),
+		(SELECT count(*) FROM naive_processed_events),
+		(SELECT total_spent FROM customers WHERE id LIKE '%\_alice')`).Scan(&orders, &events, &naive, &aliceTotal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orders != 2 || events != 2 || naive != 1 || aliceTotal != 6000 {
+		t.Fatalf("end state: %d orders, %d txhook events, %d naive events, Alice's total %d; want 2, 2, 1, 6000",
+			orders, events, naive, aliceTotal)
+	}
+}
+
+func TestMoney(t *testing.T) {
+	for cents, want := range map[int64]string{0: "$0.00", 5: "$0.05", 4200: "$42.00", 123456: "$1234.56"} {
+		if got := money(cents); got != want {
+			t.Errorf("money(%d) = %q, want %q", cents, got, want)
+		}
+	}
+}
+
+func TestExpectRecordsFailures(t *testing.T) {
+	var out bytes.Buffer
+	d := &demo{out: &out}
+	d.expect(true, "holds")
+	d.expect(false, "does not hold: %d", 7)
+	if len(d.failures) != 1 || d.failures[0] != "does not hold: 7" {
+		t.Fatalf("failures = %q", d.failures)
+	}
+	if want := "  [ok  ] holds\n  [FAIL] does not hold: 7\n"; out.String() != want {
+		t.Fatalf("output = %q, want %q", out.String(), want)
+	}
+}
