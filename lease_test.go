@@ -741,3 +741,29 @@ func TestIdempotencyKey(t *testing.T) {
 		seen[k] = in
 	}
 }
+
+// TestLeaseLateCompletionWithoutTakeover: fencing is by token, not by clock.
+// A worker that overran its lease while no other delivery claimed the event
+// still holds the newest claim, and its completion commits.
+func TestLeaseLateCompletionWithoutTakeover(t *testing.T) {
+	t.Parallel()
+	b := leaseSetup(t)
+	ev := leaseEvent("evt_late")
+	var cause error
+	b.mustLease(t, ev, txhook.LeaseHandler{Lease: 100 * time.Millisecond, RenewEvery: -1,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			deadline, ok := ctx.Deadline()
+			if !ok || time.Until(deadline) > 100*time.Millisecond {
+				return nil, fmt.Errorf("work context deadline %v (set: %v), want within the lease", deadline, ok)
+			}
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+			return recordEffect(ev.Key, "late"), nil
+		}}, txhook.OutcomeProcessed)
+	if !errors.Is(cause, txhook.ErrLeaseLost) {
+		t.Errorf("context cause = %v, want ErrLeaseLost at the end of the lease", cause)
+	}
+	if got := b.effects(t, ev.Key); len(got) != 1 {
+		t.Errorf("effects = %v, want one", got)
+	}
+}
