@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/txhook/txhook"
+)
+
+func runStats(ctx context.Context, c *cli, args []string) error {
+	fs := c.newFlags("stats", "stats [--json]")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	conn, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	s, err := txhook.ReadStats(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, s)
+	}
+	if len(s.Counts) == 0 {
+		fmt.Fprintln(c.stdout, "no events")
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tIN PROGRESS\tDONE\tFAILED\tTOTAL")
+	var row struct {
+		source                string
+		inProgress, done, bad int64
+	}
+	flush := func() {
+		if row.source != "" {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", cell(row.source, 40), row.inProgress, row.done, row.bad, row.inProgress+row.done+row.bad)
+		}
+	}
+	for _, sc := range s.Counts {
+		if sc.Source != row.source {
+			flush()
+			row.source, row.inProgress, row.done, row.bad = sc.Source, 0, 0, 0
+		}
+		switch sc.Status {
+		case txhook.StatusInProgress:
+			row.inProgress = sc.Events
+		case txhook.StatusDone:
+			row.done = sc.Events
+		case txhook.StatusFailed:
+			row.bad = sc.Events
+		}
+	}
+	flush()
+	fmt.Fprintf(tw, "(all)\t%d\t%d\t%d\t%d\n", s.InProgress, s.Done, s.Failed, s.Total)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "\nfailed events: %d", s.Failed)
+	if s.Failed > 0 {
+		fmt.Fprint(c.stdout, " (txhook events list --status failed)")
+	}
+	fmt.Fprintln(c.stdout)
+	if o := s.OldestInProgress; o != nil {
+		now := time.Now()
+		lease := "expires in " + now.Sub(o.LeaseExpiresAt).Abs().Round(time.Second).String()
+		if !o.LeaseExpiresAt.After(now) {
+			lease = "expired " + now.Sub(o.LeaseExpiresAt).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(c.stdout, "oldest in-progress lease: %s %s, claimed %s ago (attempt %d), lease %s\n",
+			cell(o.Source, 40), cell(o.Key, 60), now.Sub(o.ClaimedAt).Round(time.Second), o.Attempts, lease)
+	} else {
+		fmt.Fprintln(c.stdout, "oldest in-progress lease: none")
+	}
+	return nil
+}
