@@ -1,0 +1,65 @@
+// Package txhook applies webhooks and other at-least-once events exactly once
+// to PostgreSQL.
+//
+// Providers deliver at least once: without a 2xx in time they send the same
+// event again. The usual dedupe (commit the event's key, then do the work)
+// loses the event when the process dies between the two: the key says
+// "handled" for ever. txhook records the key and runs the handler's business
+// writes in one transaction, so a crash anywhere before COMMIT rolls both
+// back and the provider's retry processes the event.
+//
+// # Transactional mode
+//
+// For handlers whose effects are all in the same database. The handler gets
+// the event's pgx.Tx and uses the application's own sqlc-generated queries on
+// it:
+//
+//	p, err := txhook.NewProcessor(pool, nil)
+//	...
+//	res, err := p.Process(ctx, txhook.Event{Source: "stripe", Key: evt.ID, Type: evt.Type, Payload: body},
+//		txhook.WithQueries(mydb.New, func(ctx context.Context, q *mydb.Queries, ev txhook.Event) error {
+//			return q.MarkInvoicePaid(ctx, invoiceID)
+//		}))
+//
+// Process reports an Outcome: processed, duplicate (nothing ran), in flight
+// (another delivery of the key has not finished: ask the sender to retry) or
+// failed (the handler returned a Permanent error, recorded for replay). Any
+// error means nothing was committed, or that the commit outcome is unknown
+// (ErrCommitUnknown); either way the event must not be acknowledged.
+// ProcessTx does the same inside a transaction the caller already has.
+//
+// Concurrent deliveries of one key are serialised by the events table's
+// primary key: the second waits for the first to commit or roll back, at most
+// Config.LockTimeout, and is then answered in flight, never duplicate.
+//
+// # Lease mode
+//
+// For handlers with effects outside the database (HTTP calls, email), which
+// cannot share the transaction: ProcessLease claims the event with a lease and
+// a fencing token, runs the external work, then commits the business writes
+// together with marking the event done, conditional on the token. See
+// LeaseHandler, Claim.IdempotencyKey and docs/lease-mode.md.
+//
+// # Transactions
+//
+// RunTx runs a function in a transaction on anything that can begin one
+// (pool, connection), retrying serialization failures and deadlocks with
+// backoff, rolling back on error and on panic, and reporting a COMMIT whose
+// outcome is unknown as ErrCommitUnknown instead of retrying it. RunNestedTx
+// joins a caller's transaction under a savepoint.
+//
+// # Crash testing
+//
+// Setting TXHOOK_CRASH_POINT (CrashPointEnv) to a crash point's name makes the
+// process exit at that point (after-insert, after-handler, before-commit,
+// after-commit, and lease mode's points), for crash-injection tests with real
+// process deaths. Unset, it costs nothing.
+//
+// # Schema and operations
+//
+// The schema lives in the migrations package (golang-migrate files, also
+// exported as an fs.FS); this package does not import golang-migrate.
+// Prune and Pruner delete old finished events in bounded batches; the
+// Replayer re-runs failed events; the txhook command (cmd/txhook) operates
+// the events table.
+package txhook
