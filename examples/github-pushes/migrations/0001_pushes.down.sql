@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS repositories;
+DROP TABLE IF EXISTS pushes;

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
+)
+
+// pushEvent is the part of GitHub's push payload the example uses.
+type pushEvent struct {
+	Ref        string `json:"ref"`
+	Before     string `json:"before"`
+	After      string `json:"after"`
+	Repository struct {
+		FullName string `json:"full_name"`
+	} `json:"repository"`
+	Pusher struct {
+		Name string `json:"name"`
+	} `json:"pusher"`
+	Commits []json.RawMessage `json:"commits"`
+}
+
+// push records a push delivery and counts it in its repository, through the
+// example's queries bound to the delivery's transaction. The counters are
+// not idempotent on their own: the delivery's key, committed in the same
+// transaction, is what keeps them right. A payload that is not a push is a
+// permanent error: it is recorded as failed, with its body, for replay.
+func push(ctx context.Context, q *pushesdb.Queries, ev txhook.Event) error {
+	var p pushEvent
+	if err := json.Unmarshal(ev.Payload, &p); err != nil {
+		return txhook.Permanent(fmt.Errorf("decode push: %w", err))
+	}
+	if p.Repository.FullName == "" || p.Ref == "" || p.After == "" {
+		return txhook.Permanent(fmt.Errorf("push %s: missing repository, ref or after", ev.Key))
+	}
+	if _, err := q.InsertPush(ctx, pushesdb.InsertPushParams{
+		DeliveryID:  ev.Key,
+		Repository:  p.Repository.FullName,
+		Ref:         p.Ref,
+		BeforeSha:   p.Before,
+		AfterSha:    p.After,
+		Pusher:      p.Pusher.Name,
+		CommitCount: int32(len(p.Commits)),
+	}); err != nil {
+		return fmt.Errorf("insert push: %w", err)
+	}
+	if _, err := q.CountPush(ctx, pushesdb.CountPushParams{
+		FullName: p.Repository.FullName,
+		Commits:  int64(len(p.Commits)),
+		Ref:      p.Ref,
+		HeadSha:  p.After,
+	}); err != nil {
+		return fmt.Errorf("count push: %w", err)
+	}
+	return nil
+}
