@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"regexp"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/testdb"
 )
@@ -230,5 +233,53 @@ func TestProcessBadSettingsExitNonZero(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestProcessFulfillmentCrashAfterExternalCall(t *testing.T) {
+	t.Parallel()
+	svc := &fulfillmentService{calls: map[string]int{}}
+	ext := httptest.NewServer(svc)
+	t.Cleanup(ext.Close)
+	tdb := testdb.New(t, template)
+	f := &fixture{db: tdb, q: ordersdb.New(tdb.Pool)}
+	env := []string{"DATABASE_URL=" + tdb.URL, "STRIPE_WEBHOOK_SECRET=" + testSecret, "ADDR=127.0.0.1:0",
+		"FULFILLMENT_URL=" + ext.URL + "/ship"}
+	body := stripeEventBody(t, "evt_pi_crash", "payment_intent.succeeded", map[string]any{"id": "pi_c", "amount": 3100})
+
+	// The process dies after the fulfillment service accepted the request,
+	// before the shipment row and the done mark commit.
+	p := startProc(t, append(env, txhook.CrashPointEnv+"="+string(txhook.CrashLeaseAfterExternal))...)
+	deliverNoAnswer(t, p.url(), body)
+	if code := p.waitExit(t); code != txhook.CrashExitCode {
+		t.Fatalf("exit code = %d, want %d:\n%s", code, txhook.CrashExitCode, p.stderr)
+	}
+
+	// While the dead worker's lease runs, a retry is told to come back
+	// later: never 200 for an event whose effects are not committed.
+	p = startProc(t, env...)
+	s, o := deliver(t, p.url(), testSecret, body)
+	wantAnswer(t, s, o, 409, "in_flight")
+	if n := f.count(t, "SELECT count(*) FROM shipments"); n != 0 {
+		t.Fatalf("shipments = %d while the event is in flight", n)
+	}
+
+	// Once the lease has run out (here: moved to now), the retry takes the
+	// event over and calls the service again with the same Idempotency-Key.
+	if _, err := tdb.Pool.Exec(t.Context(),
+		"UPDATE txhook_processed_events SET lease_expires_at = now() WHERE event_key = 'evt_pi_crash'"); err != nil {
+		t.Fatal(err)
+	}
+	s, o = deliver(t, p.url(), testSecret, body)
+	wantAnswer(t, s, o, 200, "processed")
+	key := txhook.IdempotencyKey(source, "evt_pi_crash", fulfillmentStep)
+	svc.mu.Lock()
+	calls := maps.Clone(svc.calls)
+	svc.mu.Unlock()
+	if len(calls) != 1 || calls[key] != 2 {
+		t.Fatalf("calls by idempotency key = %v, want both calls with %s", calls, key)
+	}
+	if n := f.count(t, "SELECT count(*) FROM shipments WHERE payment_intent_id = 'pi_c' AND idempotency_key = $1", key); n != 1 {
+		t.Fatalf("shipments = %d, want 1", n)
 	}
 }
