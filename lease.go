@@ -133,7 +133,8 @@ func (h LeaseHandler) settings() (leaseSettings, error) {
 // handler error releases the claim at once, records the error and is
 // returned wrapped. A delivery whose claim was lost (its lease ran out and
 // another delivery took the event over) gets an error matching ErrLeaseLost
-// and its phase-two writes are rolled back. Invalid input returns an error
+// and its phase-two writes are rolled back. A panic in h rolls back, releases
+// the claim like an error and is re-raised. Invalid input returns an error
 // and writes nothing.
 //
 // ctx bounds the claim, phase one and phase two up to COMMIT. Releasing a
@@ -173,6 +174,14 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts)}
 	p.crash.at(CrashLeaseAfterClaim)
+	defer func() {
+		// A panicking handler releases its claim like a failing one, so that
+		// the retry need not wait for the lease to run out.
+		if v := recover(); v != nil {
+			p.leaseFailed(ctx, c, fmt.Errorf("handler panicked: %v", v))
+			panic(v)
+		}
+	}()
 
 	// Phase one, under the lease.
 	k := p.keepLease(ctx, c, s, claimedAt)

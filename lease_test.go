@@ -767,3 +767,55 @@ func TestLeaseLateCompletionWithoutTakeover(t *testing.T) {
 		t.Errorf("effects = %v, want one", got)
 	}
 }
+
+func TestLeaseWithoutCommitFuncMarksDone(t *testing.T) {
+	t.Parallel()
+	b := leaseSetup(t)
+	ev := leaseEvent("evt_nocommit")
+	b.mustLease(t, ev, txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		return nil, b.api.charge(ctx, c.IdempotencyKey("notify"))
+	}}, txhook.OutcomeProcessed)
+	if r := b.row(t, ev.Key); r.Status != "done" {
+		t.Errorf("status = %s, want done", r.Status)
+	}
+	b.api.wantCalls(t, txhook.IdempotencyKey("test", ev.Key, "notify"), 1)
+}
+
+// TestLeasePanicReleasesClaim: a panicking handler (in either phase) panics
+// on to the caller, rolls back its writes and releases its claim at once.
+func TestLeasePanicReleasesClaim(t *testing.T) {
+	t.Parallel()
+	for _, phase := range []string{"work", "commit"} {
+		t.Run(phase, func(t *testing.T) {
+			t.Parallel()
+			b := leaseSetup(t)
+			ev := leaseEvent("evt_panic_" + phase)
+			h := txhook.LeaseHandler{Lease: time.Hour, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+				if phase == "work" {
+					panic("boom")
+				}
+				return func(ctx context.Context, tx pgx.Tx) error {
+					if err := recordEffect(ev.Key, "panicked")(ctx, tx); err != nil {
+						return err
+					}
+					panic("boom")
+				}, nil
+			}}
+			func() {
+				defer func() {
+					if v := recover(); v != "boom" {
+						t.Errorf("recovered %v, want the handler's panic", v)
+					}
+				}()
+				b.p.ProcessLease(t.Context(), ev, h)
+			}()
+			if r := b.row(t, ev.Key); r.Status != "in_progress" || !strings.Contains(r.LastError.String, "panicked: boom") {
+				t.Errorf("row = %+v, want released with the panic recorded", r)
+			}
+			b.mustLease(t, ev, txhook.LeaseHandler{Lease: time.Hour, Work: b.chargeAndRecord("retry")}, txhook.OutcomeProcessed)
+			if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "retry" {
+				t.Errorf("effects = %v, want the retry's only", got)
+			}
+		})
+	}
+}
