@@ -10,20 +10,22 @@ SELECT pg_try_advisory_xact_lock(@lock_key::bigint) AS locked;
 -- name: PruneBatch :execrows
 -- Deletes up to batch_size done (and, with include_failed, failed) rows
 -- completed before cutoff. In-progress rows are never selected. Rows locked by
--- a concurrent replay are skipped, not waited for. "status <> 'in_progress'"
--- repeats the predicate of txhook_processed_events_completed_idx so that
--- every plan can use it.
-DELETE FROM txhook_processed_events AS e
-USING (
-    SELECT p.source, p.event_key
+-- a concurrent replay are skipped, not waited for. The rows are locked and
+-- then deleted by their physical address (ctid), which keeps every batch a
+-- TID scan: a join on the primary key turns into a hash join over the whole
+-- table once batches are large. "status <> 'in_progress'" repeats the
+-- predicate of txhook_processed_events_completed_idx so that every plan can
+-- use it.
+DELETE FROM txhook_processed_events
+WHERE ctid = ANY (ARRAY(
+    SELECT p.ctid
     FROM txhook_processed_events AS p
     WHERE p.status <> 'in_progress'
       AND (p.status = 'done' OR (@include_failed::boolean AND p.status = 'failed'))
       AND p.completed_at < @cutoff::timestamptz
     LIMIT @batch_size::integer
     FOR UPDATE SKIP LOCKED
-) AS old
-WHERE e.source = old.source AND e.event_key = old.event_key;
+));
 
 -- name: CountPrunable :one
 -- Counts the rows PruneBatch would delete.
