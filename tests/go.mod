@@ -6,6 +6,7 @@ replace github.com/txhook/txhook => ../
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/stripe/stripe-go/v82 v82.5.1
 	github.com/txhook/txhook v0.0.0-00010101000000-000000000000
 )
 
