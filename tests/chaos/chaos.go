@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/txhook/txhook"
+)
+
+// config sizes a chaos run.
+type config struct {
+	// DatabaseURL is the database the example writes to. Required.
+	DatabaseURL string
+	// RestartDB, when set, restarts PostgreSQL in immediate mode once,
+	// halfway through the run. Only for a throwaway cluster the run owns.
+	RestartDB func(ctx context.Context) error
+
+	Events    int // events to send
+	Senders   int // concurrent senders
+	Kills     int // SIGKILLs of the example during the run
+	Customers int // customers the checkouts are spread over (hot rows)
+
+	DupRate           float64 // share of events redelivered a little later
+	ConcurrentDupRate float64 // share of events delivered 2-3 times at once
+	GuestRate         float64 // share of checkouts without a customer
+	InvoiceRate       float64 // share of events that start an invoice (created + paid)
+	LeaseRate         float64 // share of payment_intent.succeeded events (lease mode)
+	// CrashRate is the share of restarts that arm a TXHOOK_CRASH_POINT.
+	CrashRate float64
+	// CrashPoints are the points armed on those restarts.
+	CrashPoints []txhook.CrashPoint
+	// Fulfillment turns lease mode on: a local fulfillment service and
+	// FULFILLMENT_URL pointing at it.
+	Fulfillment bool
+	// FulfillmentFailRate is the share of fulfillment calls answered 503.
+	FulfillmentFailRate float64
+
+	// Timeout bounds the whole run; events not acknowledged by then count
+	// as lost.
+	Timeout time.Duration
+	// Seed makes the plan and the kill moments reproducible.
+	Seed uint64
+	// Log receives progress lines; nil for none.
+	Log func(format string, args ...any)
+}
+
+// allCrashPoints are txhook's crash points in both modes.
+var allCrashPoints = []txhook.CrashPoint{
+	txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit,
+	txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal, txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
+}
+
+// result is what a run did and found.
+type result struct {
+	Events             int
+	Deliveries         int64 // HTTP requests sent, retries included
+	DuplicatesInjected int   // deliveries planned beyond the first of each event
+	Kills              int   // SIGKILLs sent
+	CrashExits         int   // exits at an armed crash point
+	OtherExits         int   // exits neither killed nor at a crash point
+	Restarts           int   // starts of the example after the first
+	DBRestarts         int   // immediate-mode restarts of PostgreSQL
+	Unacked            int   // events no delivery of which was acknowledged
+	Rejected           int64 // 4xx answers other than 409
+	FulfillmentCalls   int
+	FulfillmentRepeats int
+	Lost               int
+	Duplicated         int
+	Problems           []string
+	Elapsed            time.Duration
+}
+
+// ok reports whether the run found every event applied exactly once.
+func (r result) ok() bool { return r.Lost == 0 && r.Duplicated == 0 && r.Unacked == 0 }
+
+// summary is the run's one-line report.
+func (r result) summary() string {
+	return fmt.Sprintf("chaos: events=%d deliveries=%d duplicates_injected=%d kills=%d crash_exits=%d restarts=%d db_restarts=%d fulfillment_calls=%d fulfillment_repeats=%d unacked=%d lost=%d duplicated=%d elapsed=%s",
+		r.Events, r.Deliveries, r.DuplicatesInjected, r.Kills, r.CrashExits, r.Restarts, r.DBRestarts,
+		r.FulfillmentCalls, r.FulfillmentRepeats, r.Unacked, r.Lost, r.Duplicated, r.Elapsed.Round(100*time.Millisecond))
+}
+
+// run builds the example, starts it, sends the plan while killing and
+// restarting the example, then checks the database against what was sent.
+func run(ctx context.Context, cfg config) (result, error) {
+	start := time.Now()
+	logf := cfg.Log
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+
+	dir, err := os.MkdirTemp("", "txhook-chaos-")
+	if err != nil {
+		return result{}, fmt.Errorf("create temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	logf("building the stripe-orders example")
+	bin, err := buildExample(ctx, dir)
+	if err != nil {
+		return result{}, err
+	}
+
+	tag := randomTag()
+	secret := "whsec_chaos_" + tag
+	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x63686173))
+	p := makePlan(cfg, tag, rng)
+	res := result{Events: len(p.events), DuplicatesInjected: p.duplicates}
+
+	addr, err := freeAddr()
+	if err != nil {
+		return res, err
+	}
+	env := []string{"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "STRIPE_WEBHOOK_SECRET=" + secret}
+	var fs *fulfillmentService
+	if cfg.Fulfillment {
+		fs = newFulfillmentService(cfg.Seed, cfg.FulfillmentFailRate)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return res, fmt.Errorf("listen for the fulfillment service: %w", err)
+		}
+		srv := &http.Server{Handler: fs, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		env = append(env, "FULFILLMENT_URL=http://"+ln.Addr().String()+"/shipments")
+	}
+	l := &launcher{bin: bin, addr: addr, env: env, log: &tailBuffer{max: 256 << 10}}
+
+	// The supervisor owns the example's process: it starts it, kills it when
+	// asked, and restarts it whenever it is gone.
+	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)), cfg: cfg,
+		killReq: make(chan struct{}), up: make(chan struct{})}
+	supCtx, stopSup := context.WithCancel(ctx)
+	supDone := make(chan error, 1)
+	go func() { supDone <- sup.loop(supCtx, logf) }()
+	select {
+	case <-sup.up:
+	case err := <-supDone:
+		stopSup()
+		return res, fmt.Errorf("start example: %w", err)
+	}
+	logf("example listening on %s; sending %d events (%d duplicate deliveries) with %d senders, %d kills",
+		addr, len(p.events), p.duplicates, cfg.Senders, cfg.Kills)
+
+	prov := newProvider("http://"+addr+"/webhooks/stripe", secret, cfg.Senders*3)
+	progress := &prov.acked
+	sendCtx, stopSend := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	jobs := make(chan job)
+	for range cfg.Senders {
+		wg.Go(func() {
+			for j := range jobs {
+				var cw sync.WaitGroup
+				for range j.copies {
+					cw.Go(func() { prov.deliver(sendCtx, j.ev) })
+				}
+				cw.Wait()
+			}
+		})
+	}
+	go func() {
+		defer close(jobs)
+		for _, j := range p.jobs {
+			select {
+			case jobs <- j:
+			case <-sendCtx.Done():
+				return
+			}
+		}
+	}()
+
+	// Kills at random points of the run's progress, so that they land
+	// during traffic however fast the machine is; one database restart
+	// halfway.
+	chaosDone := make(chan struct{})
+	var dbRestarts atomic.Int32
+	go func() {
+		defer close(chaosDone)
+		n := int64(len(p.events))
+		marks := make([]int64, cfg.Kills)
+		for i := range marks {
+			marks[i] = n/50 + rng.Int64N(max(1, n*9/10))
+		}
+		slices.Sort(marks)
+		dbMark := n / 2
+		for i, m := range marks {
+			for progress.Load() < m {
+				if sendCtx.Err() != nil {
+					return
+				}
+				if cfg.RestartDB != nil && dbRestarts.Load() == 0 && progress.Load() >= dbMark {
+					logf("restarting PostgreSQL (immediate mode) at %d/%d events", progress.Load(), n)
+					if err := cfg.RestartDB(sendCtx); err != nil {
+						logf("restart PostgreSQL: %v", err)
+					}
+					dbRestarts.Add(1)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			time.Sleep(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
+			select {
+			case sup.killReq <- struct{}{}:
+			case <-sendCtx.Done():
+				return
+			}
+			if (i+1)%10 == 0 {
+				logf("%d kills, %d/%d events acknowledged", i+1, progress.Load(), n)
+			}
+		}
+	}()
+
+	wg.Wait()
+	stopSend()
+	<-chaosDone
+	stopSup()
+	if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) {
+		return res, fmt.Errorf("supervise example: %w", err)
+	}
+	res.Kills, res.CrashExits, res.OtherExits, res.Restarts = sup.kills, sup.crashExits, sup.otherExits, sup.starts-1
+	res.DBRestarts = int(dbRestarts.Load())
+	res.Deliveries = prov.attempts.Load()
+	res.Rejected = prov.rejected.Load()
+	for _, e := range p.events {
+		if !e.acked.Load() {
+			res.Unacked++
+		}
+	}
+	logf("traffic done: %d deliveries, %d unacknowledged events; checking the database", res.Deliveries, res.Unacked)
+
+	vctx, vcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer vcancel()
+	var shipped map[string][]string
+	if fs != nil {
+		res.FulfillmentCalls, res.FulfillmentRepeats, shipped = fs.snapshot()
+	}
+	if err := verify(vctx, cfg.DatabaseURL, tag, p.events, shipped, &res); err != nil {
+		return res, err
+	}
+	if res.OtherExits > 0 {
+		res.Problems = append(res.Problems, fmt.Sprintf("the example exited on its own %d times; last log lines:\n%s", res.OtherExits, l.log.tail(20)))
+	}
+	if res.Rejected > 0 {
+		res.Problems = append(res.Problems, fmt.Sprintf("%d deliveries were rejected with 4xx", res.Rejected))
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// supervisor keeps the example running: it starts it, kills it on request,
+// and restarts it after every death, sometimes with a crash point armed.
+type supervisor struct {
+	l       *launcher
+	rng     *mrand.Rand
+	cfg     config
+	killReq chan struct{}
+	up      chan struct{} // closed once the first start succeeded
+
+	starts, kills, crashExits, otherExits int
+}
+
+// maxStartFailures bounds consecutive failed starts (the database may be
+// restarting).
+const maxStartFailures = 100
+
+func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error {
+	failures := 0
+	for {
+		point := ""
+		if s.starts > 0 && len(s.cfg.CrashPoints) > 0 && s.rng.Float64() < s.cfg.CrashRate {
+			point = string(s.cfg.CrashPoints[s.rng.IntN(len(s.cfg.CrashPoints))])
+		}
+		p, err := s.l.start(ctx, point)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if failures++; failures > maxStartFailures {
+				return fmt.Errorf("%w; last log lines:\n%s", err, s.l.log.tail(20))
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		failures = 0
+		if s.starts == 0 {
+			close(s.up)
+		}
+		s.starts++
+		select {
+		case <-s.killReq:
+			p.kill()
+			s.kills++
+		case <-p.done:
+			if p.exitCode() == txhook.CrashExitCode {
+				s.crashExits++
+			} else {
+				s.otherExits++
+				logf("example exited on its own (%v)", p.err)
+			}
+		case <-ctx.Done():
+			p.kill()
+			return ctx.Err()
+		}
+	}
+}
+
+// durableURL returns dbURL asking for synchronous_commit=on in the session.
+// A throwaway cluster runs with synchronous_commit=off, under which a crash
+// of PostgreSQL loses the last transactions it acknowledged; the run's
+// promise (an acknowledged event is committed) assumes durable commits.
+// A connection string that is not a URL is returned as it is.
+func durableURL(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dbURL
+	}
+	q := u.Query()
+	q.Set("synchronous_commit", "on")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func randomTag() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,120 @@
+// Command chaos acts as a provider that will not give up against a server
+// that keeps dying, and checks that every event was applied exactly once.
+//
+// It builds the stripe-orders example and runs it as a child process on
+// 127.0.0.1. Acting as Stripe, it sends signed events (checkouts that add to
+// a customer's running total, invoices, and, in lease mode, payment intents
+// that call a local fulfillment service) from several concurrent senders,
+// with injected duplicate deliveries, some of them concurrent. Every delivery
+// is retried with backoff until it is answered 2xx; a timeout or a dropped
+// connection is a failure and is retried. Meanwhile the example is killed
+// with SIGKILL at random moments and restarted, sometimes with
+// TXHOOK_CRASH_POINT armed, and PostgreSQL is restarted in immediate mode
+// once when the run owns it.
+//
+// At the end it checks the database against what was sent (orders, customer
+// totals, invoices, shipments and fulfillment calls per idempotency key,
+// every acknowledged event's key committed) and prints one summary line. It
+// exits with status 1 when an event was lost or applied twice.
+//
+// With DATABASE_URL unset it starts a throwaway PostgreSQL cluster (initdb
+// and pg_ctl in a temporary folder) and removes it at the end. With
+// DATABASE_URL set it uses that database: the example creates its tables
+// there, and the run's rows carry a random tag, so runs do not collide.
+//
+// Run it with `make chaos`, or from the tests module: go run ./chaos -h.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/txhook/txhook/internal/pgcluster"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg := defaultConfig()
+	flag.IntVar(&cfg.Events, "events", cfg.Events, "events to send")
+	flag.IntVar(&cfg.Senders, "senders", cfg.Senders, "concurrent senders")
+	flag.IntVar(&cfg.Kills, "kills", cfg.Kills, "SIGKILLs of the example during the run")
+	flag.Float64Var(&cfg.DupRate, "dup-rate", cfg.DupRate, "share of events redelivered later")
+	flag.Float64Var(&cfg.ConcurrentDupRate, "concurrent-dup-rate", cfg.ConcurrentDupRate, "share of events delivered 2-3 times at once")
+	flag.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "share of restarts with a TXHOOK_CRASH_POINT armed")
+	flag.BoolVar(&cfg.Fulfillment, "lease", cfg.Fulfillment, "send payment intents through lease mode and a local fulfillment service")
+	restartDB := flag.Bool("restart-db", true, "restart PostgreSQL in immediate mode once (only with the throwaway cluster)")
+	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
+	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
+	quiet := flag.Bool("q", false, "print only the summary line")
+	flag.Parse()
+	cfg.Seed = *seed
+	if !*quiet {
+		cfg.Log = func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+		}
+	}
+	ok, err := runMain(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+// defaultConfig is a full run sized for a 2-core machine.
+func defaultConfig() config {
+	return config{
+		Events:              5000,
+		Senders:             8,
+		Kills:               40,
+		Customers:           50,
+		DupRate:             0.10,
+		ConcurrentDupRate:   0.05,
+		GuestRate:           0.05,
+		InvoiceRate:         0.10,
+		LeaseRate:           0.10,
+		CrashRate:           0.25,
+		CrashPoints:         allCrashPoints,
+		Fulfillment:         true,
+		FulfillmentFailRate: 0.03,
+		Timeout:             10 * time.Minute,
+	}
+}
+
+// runMain runs cfg on the database at dbURL, or on a throwaway cluster when
+// it is empty, prints the summary line and any problems, and reports
+// whether the run was clean.
+func runMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
+	if dbURL == "" {
+		if cfg.Log != nil {
+			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
+		}
+		c, err := pgcluster.Start(ctx)
+		if err != nil {
+			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
+		}
+		defer c.Stop()
+		dbURL = c.URL
+		if restartDB {
+			cfg.RestartDB = c.Restart
+		}
+	}
+	cfg.DatabaseURL = dbURL
+	res, err := run(ctx, cfg)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintln(os.Stderr, "problem:", p)
+	}
+	fmt.Println(res.summary())
+	return res.ok(), nil
+}
