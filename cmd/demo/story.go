@@ -62,113 +62,135 @@ func (d *demo) story(ctx context.Context) error {
 	ev2 := event{id: "evt_" + d.tag + "_2", session: "cs_" + d.tag + "_2", customer: alice, amount: 1800}
 	ev3 := event{id: "evt_" + d.tag + "_3", session: "cs_" + d.tag + "_3", customer: bob, amount: 2500}
 
-	ordersAddr, err := freeAddr()
+	addr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	srv, err := d.start(ctx, "stripe-orders", stripeOrdersPkg, ordersAddr)
+	srv, err := d.start(ctx, "stripe-orders", stripeOrdersPkg, addr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "  The stripe-orders example is listening on %s (it applied its migrations on start).\n", ordersAddr)
+	fmt.Fprintf(d.out, "  The stripe-orders example is listening on %s (it applied its migrations on start).\n", addr)
 
-	// Step 1.
+	if err := d.stepProcessed(ctx, addr, ev1); err != nil {
+		return err
+	}
+	if err := d.stepDuplicate(ctx, addr, ev1); err != nil {
+		return err
+	}
+	if err := d.stepCrash(ctx, srv, ev2, ev1.amount); err != nil {
+		return err
+	}
+	if err := d.stepNaiveCrash(ctx, ev3); err != nil {
+		return err
+	}
+	return d.finalState(ctx, []customer{alice, bob},
+		map[string]int64{alice.id: ev1.amount + ev2.amount, bob.id: ev3.amount}, []event{ev1, ev2, ev3})
+}
+
+// stepProcessed: a new event is delivered and processed.
+func (d *demo) stepProcessed(ctx context.Context, addr string, ev event) error {
 	d.heading("Step 1. Stripe delivers an event: it is processed.")
 	d.sayf("Stripe sends %s (checkout.session.completed): %s pays %s, order %s.",
-		ev1.id, alice.name, money(ev1.amount), ev1.session)
-	a := d.deliver(ctx, ordersAddr, ev1)
+		ev.id, ev.customer.name, money(ev.amount), ev.session)
+	a := d.deliver(ctx, addr, ev)
 	d.expect(a.Status == http.StatusOK && a.outcome() == "processed", "answered 200 processed: the event's effects are committed")
-	if err := d.expectApplied(ctx, ev1, 4200); err != nil {
+	if err := d.expectApplied(ctx, ev, ev.amount); err != nil {
 		return err
 	}
-	if err := d.expectKey(ctx, ev1.id, 1, "the event id is recorded once, in the same transaction as the order"); err != nil {
-		return err
-	}
+	return d.expectKey(ctx, ev.id, 1, "the event id is recorded once, in the same transaction as the order")
+}
 
-	// Step 2.
+// stepDuplicate: the same event again is a duplicate with no second effect.
+func (d *demo) stepDuplicate(ctx context.Context, addr string, ev event) error {
 	d.heading("Step 2. Stripe delivers the same event again: a duplicate, no second effect.")
 	d.say("Providers deliver at least once: when Stripe misses an answer, it sends the event again.")
-	d.sayf("Stripe resends %s.", ev1.id)
-	a = d.deliver(ctx, ordersAddr, ev1)
+	d.sayf("Stripe resends %s.", ev.id)
+	a := d.deliver(ctx, addr, ev)
 	d.expect(a.Status == http.StatusOK && a.outcome() == "duplicate", "answered 200 duplicate, so Stripe stops resending; the handler did not run")
-	if err := d.expectApplied(ctx, ev1, 4200); err != nil {
-		return err
-	}
+	return d.expectApplied(ctx, ev, ev.amount)
+}
 
-	// Step 3.
+// stepCrash: srv is restarted with a crash point and dies during ev's
+// delivery; restarted normally, the retry is processed exactly once. before
+// is the customer's total before ev.
+func (d *demo) stepCrash(ctx context.Context, srv *server, ev event, before int64) error {
 	d.heading("Step 3. The server crashes during a delivery: Stripe's retry is processed exactly once.")
 	srv.stop()
 	d.sayf("Restarting stripe-orders with %s=%s: the process will exit the moment",
 		txhook.CrashPointEnv, crashPoint)
 	d.say("the handler's writes are done, before COMMIT (a real process exit, as in a crash).")
-	srv, err = d.start(ctx, "stripe-orders", stripeOrdersPkg, ordersAddr, txhook.CrashPointEnv+"="+string(crashPoint))
+	srv, err := d.start(ctx, srv.name, stripeOrdersPkg, srv.addr, txhook.CrashPointEnv+"="+string(crashPoint))
 	if err != nil {
 		return err
 	}
-	d.sayf("Stripe sends %s: %s pays %s, order %s.", ev2.id, alice.name, money(ev2.amount), ev2.session)
-	a = d.deliver(ctx, ordersAddr, ev2)
+	d.sayf("Stripe sends %s: %s pays %s, order %s.", ev.id, ev.customer.name, money(ev.amount), ev.session)
+	a := d.deliver(ctx, srv.addr, ev)
 	d.expect(a.Err != nil, "no answer reached Stripe, so Stripe will retry")
 	d.expectCrash(srv)
-	if err := d.expectNotApplied(ctx, ev2, 4200); err != nil {
+	if err := d.expectNotApplied(ctx, ev, before); err != nil {
 		return err
 	}
-	if err := d.expectKey(ctx, ev2.id, 0, "no event id was committed either: the id and the order share one transaction"); err != nil {
-		return err
-	}
-	d.sayf("Restarting stripe-orders normally. Stripe retries %s.", ev2.id)
-	if _, err = d.start(ctx, "stripe-orders", stripeOrdersPkg, ordersAddr); err != nil {
-		return err
-	}
-	a = d.deliver(ctx, ordersAddr, ev2)
-	d.expect(a.Status == http.StatusOK && a.outcome() == "processed", "answered 200 processed")
-	if err := d.expectApplied(ctx, ev2, 6000); err != nil {
-		return err
-	}
-	if err := d.expectKey(ctx, ev2.id, 1, "the event id is recorded once"); err != nil {
+	if err := d.expectKey(ctx, ev.id, 0, "no event id was committed either: the id and the order share one transaction"); err != nil {
 		return err
 	}
 
-	// Step 4.
+	d.sayf("Restarting stripe-orders normally. Stripe retries %s.", ev.id)
+	if _, err = d.start(ctx, srv.name, stripeOrdersPkg, srv.addr); err != nil {
+		return err
+	}
+	a = d.deliver(ctx, srv.addr, ev)
+	d.expect(a.Status == http.StatusOK && a.outcome() == "processed", "answered 200 processed")
+	if err := d.expectApplied(ctx, ev, before+ev.amount); err != nil {
+		return err
+	}
+	return d.expectKey(ctx, ev.id, 1, "the event id is recorded once")
+}
+
+// stepNaiveCrash: the naive receiver dies at the same crash point during
+// ev's delivery; restarted, it answers the retry "already processed" and
+// the event is lost.
+func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 	d.heading("Step 4. The same crash with the naive dedupe: the event is lost.")
 	d.say("The naive receiver does what most receivers copy: it commits the event id first")
 	d.say(`("processed"), then does the same work in a second transaction. It crashes at the same place.`)
-	naiveAddr, err := freeAddr()
+	addr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	naive, err := d.start(ctx, "naive receiver", naiveReceiverPkg, naiveAddr, txhook.CrashPointEnv+"="+string(crashPoint))
+	naive, err := d.start(ctx, "naive receiver", naiveReceiverPkg, addr, txhook.CrashPointEnv+"="+string(crashPoint))
 	if err != nil {
 		return err
 	}
-	d.sayf("Stripe sends %s to the naive receiver: %s pays %s, order %s.", ev3.id, bob.name, money(ev3.amount), ev3.session)
-	a = d.deliver(ctx, naiveAddr, ev3)
+	d.sayf("Stripe sends %s to the naive receiver: %s pays %s, order %s.", ev.id, ev.customer.name, money(ev.amount), ev.session)
+	a := d.deliver(ctx, addr, ev)
 	d.expect(a.Err != nil, "no answer reached Stripe, so Stripe will retry")
 	d.expectCrash(naive)
-	n, err := d.state.naiveKeys(ctx, ev3.id)
+	n, err := d.state.naiveKeys(ctx, ev.id)
 	if err != nil {
 		return err
 	}
 	d.expect(n == 1, "but the event id was already committed as processed (rows: %d)", n)
-	d.sayf("Restarting the naive receiver normally. Stripe retries %s.", ev3.id)
-	if _, err := d.start(ctx, "naive receiver", naiveReceiverPkg, naiveAddr); err != nil {
+
+	d.sayf("Restarting the naive receiver normally. Stripe retries %s.", ev.id)
+	if _, err := d.start(ctx, naive.name, naiveReceiverPkg, addr); err != nil {
 		return err
 	}
-	a = d.deliver(ctx, naiveAddr, ev3)
+	a = d.deliver(ctx, addr, ev)
 	d.expect(a.Status == http.StatusOK && a.outcome() == "already processed",
 		`answered 200 "already processed": Stripe will never send this event again`)
-	orders, err := d.state.orders(ctx, ev3.session)
+	orders, err := d.state.orders(ctx, ev.session)
 	if err != nil {
 		return err
 	}
-	total, err := d.state.total(ctx, bob.id)
+	total, err := d.state.total(ctx, ev.customer.id)
 	if err != nil {
 		return err
 	}
 	d.expect(orders == 0 && total == 0,
 		"the event is lost, as predicted: order %s is missing and %s's total is %s instead of %s, with no error anywhere",
-		ev3.session, bob.name, money(total), money(ev3.amount))
-
-	return d.finalState(ctx, []customer{alice, bob}, map[string]int64{alice.id: 6000, bob.id: 2500}, []event{ev1, ev2, ev3})
+		ev.session, ev.customer.name, money(total), money(ev.amount))
+	return nil
 }
 
 // start starts the binary of pkg as a receiver on addr with the demo's
