@@ -162,6 +162,17 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// lineContaining returns the last line that contains substr, or "".
+func (b *syncBuffer) lineContaining(substr string) string {
+	lines := strings.Split(b.String(), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], substr) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
+}
+
 // tail returns the last n lines, indented.
 func (b *syncBuffer) tail(n int) string {
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")

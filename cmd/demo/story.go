@@ -225,6 +225,9 @@ func (d *demo) expectCrash(s *server) {
 		d.expect(false, "the %s process exited at the crash point (%v)", s.name, err)
 		return
 	}
+	if line := s.log.lineContaining("crash point"); line != "" {
+		d.sayf("  %s log: %s", s.name, line)
+	}
 	d.expect(code == txhook.CrashExitCode, "the %s process died at crash point %s (exit status %d)", s.name, crashPoint, code)
 }
 
