@@ -1,7 +1,7 @@
 // Package pgcluster starts a throwaway PostgreSQL cluster from the server
 // binaries installed on the machine (initdb and pg_ctl), for tests and the
-// demo. It listens on 127.0.0.1 on a free port, runs without fsync, and is
-// removed by Stop.
+// demo. It listens on 127.0.0.1 on a free port, runs without fsync (unless
+// started with StartDurable), and is removed by Stop.
 package pgcluster
 
 import (
@@ -27,10 +27,11 @@ type Cluster struct {
 	// Port is the TCP port on 127.0.0.1.
 	Port int
 
-	dir    string
-	binDir string
-	runAs  string
-	opts   string // server options given to pg_ctl start
+	dir     string
+	binDir  string
+	runAs   string
+	opts    string // server options given to pg_ctl start
+	durable bool   // keep PostgreSQL's default durability settings
 }
 
 // ErrNoServer reports that no PostgreSQL server binaries were found.
@@ -67,6 +68,17 @@ func versionOf(initdbPath string) int {
 // Start creates and starts a cluster in a new temporary folder. As root it
 // runs the server as the "postgres" user, since initdb refuses root.
 func Start(ctx context.Context) (*Cluster, error) {
+	return start(ctx, false)
+}
+
+// StartDurable is Start with PostgreSQL's default durability settings
+// (fsync, synchronous_commit and full_page_writes on), for benchmarks that
+// must pay for durable commits.
+func StartDurable(ctx context.Context) (*Cluster, error) {
+	return start(ctx, true)
+}
+
+func start(ctx context.Context, durable bool) (*Cluster, error) {
 	binDir, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -75,7 +87,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
 	}
-	c := &Cluster{dir: dir, binDir: binDir}
+	c := &Cluster{dir: dir, binDir: binDir, durable: durable}
 	if os.Geteuid() == 0 {
 		c.runAs = "postgres"
 		if err := chownTo(dir, c.runAs); err != nil {
@@ -115,16 +127,17 @@ func (c *Cluster) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		opts := strings.Join([]string{
+		args := []string{
 			"-p", strconv.Itoa(port),
 			"-c", "listen_addresses=127.0.0.1",
 			"-c", "unix_socket_directories=" + c.dir,
-			"-c", "fsync=off",
-			"-c", "synchronous_commit=off",
-			"-c", "full_page_writes=off",
 			"-c", "max_connections=300",
 			"-c", "shared_buffers=128MB",
-		}, " ")
+		}
+		if !c.durable {
+			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		}
+		opts := strings.Join(args, " ")
 		out, err := c.run(ctx, "pg_ctl", "-D", data, "-o", opts,
 			"-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "start")
 		if err == nil {
