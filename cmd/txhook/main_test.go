@@ -361,3 +361,24 @@ func TestParseAge(t *testing.T) {
 		}
 	}
 }
+
+func TestPruneWhileAnotherPrunerRuns(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	seed(t, d.Pool, "done", "evt_old_", 3, 20*24*time.Hour)
+	tx, err := d.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", txhook.PruneLockKey); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := txhookCLI(t, "--database-url", d.URL, "prune")
+	if code != 0 || !strings.HasPrefix(out, "deleted 0 done events") || !strings.Contains(errOut, "another pruner holds the pruning lock") {
+		t.Errorf("prune while locked: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if n := count(t, d.Pool, "true"); n != 3 {
+		t.Errorf("%d rows left, want 3", n)
+	}
+}
