@@ -7,7 +7,7 @@ STATICCHECK := $(GO) tool -modfile=tools/go.mod staticcheck
 export GOTOOLCHAIN := local
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests
+MODULES := . tests otelhook
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo
 
