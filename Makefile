@@ -35,6 +35,6 @@ generate:
 unit:
 	@for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
-## demo: process one event twice against PostgreSQL and show one effect.
+## demo: the exactly-once story: a duplicate, a crash and its retry, and the naive dedupe losing an event.
 demo:
 	$(GO) run ./cmd/demo
