@@ -62,7 +62,7 @@ func TestObserver(t *testing.T) {
 		src, _ := dp.Attributes.Value("txhook.source")
 		out, _ := dp.Attributes.Value("txhook.outcome")
 		code, _ := dp.Attributes.Value("http.response.status_code")
-		counts[src.AsString()+"/"+out.AsString()+"/"+code.Emit()] = dp.Value
+		counts[src.AsString()+"/"+out.AsString()+"/"+code.String()] = dp.Value
 		if dp.Attributes.HasValue(attribute.Key("txhook.key")) {
 			t.Error("event key recorded as an attribute")
 		}
