@@ -2,6 +2,7 @@ package txhook_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -314,5 +315,44 @@ func TestPrunerRunsUntilContextEnds(t *testing.T) {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// A row locked by a replay in progress is skipped, not waited for.
+func TestPruneSkipsRowsLockedByAReplay(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	opsSeed(t, d.Pool, "failed", "oldfail-", 3, month)
+	tx, err := d.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), "SELECT 1 FROM txhook_processed_events WHERE event_key = 'oldfail-2' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	res, err := txhook.Prune(ctx, d.Pool, txhook.PruneOptions{IncludeFailed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 2 || opsCount(t, d.Pool, "", "oldfail-2") != 1 {
+		t.Errorf("prune = %+v, want the 2 unlocked rows deleted and oldfail-2 kept", res)
+	}
+}
+
+func TestPruneStopsBetweenBatchesWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	opsSeed(t, d.Pool, "done", "old-", 50, month)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	res, err := txhook.Prune(ctx, d.Pool, txhook.PruneOptions{BatchSize: 10, Progress: func(int64) { cancel() }})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("error = %v, want context.Canceled", err)
+	}
+	if res.Deleted != 10 || res.Batches != 1 || opsCount(t, d.Pool, "", "old-") != 40 {
+		t.Errorf("prune = %+v with %d rows left, want one committed batch of 10", res, opsCount(t, d.Pool, "", "old-"))
 	}
 }
