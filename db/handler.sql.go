@@ -38,3 +38,33 @@ func (q *Queries) FindPayloadHash(ctx context.Context, arg FindPayloadHashParams
 	err := row.Scan(&event_key)
 	return event_key, err
 }
+
+const lockAndFindPayloadHash = `-- name: LockAndFindPayloadHash :one
+SELECT coalesce(txhook_find_replay(
+    $1::text,
+    $2::bytea,
+    $3::text,
+    $4::double precision
+), '')::text AS event_key
+`
+
+type LockAndFindPayloadHashParams struct {
+	Source        string
+	PayloadHash   []byte
+	EventKey      string
+	WindowSeconds float64
+}
+
+// The replay guard's check inside the delivery's own transaction; see txhook_find_replay in
+// migrations. Returns ” when no other key has the hash.
+func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPayloadHashParams) (string, error) {
+	row := q.db.QueryRow(ctx, lockAndFindPayloadHash,
+		arg.Source,
+		arg.PayloadHash,
+		arg.EventKey,
+		arg.WindowSeconds,
+	)
+	var event_key string
+	err := row.Scan(&event_key)
+	return event_key, err
+}

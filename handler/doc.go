@@ -28,7 +28,6 @@
 //		Source:   "github",
 //		Provider: &handler.GitHub{Secrets: []string{os.Getenv("GITHUB_WEBHOOK_SECRET")}},
 //		Routes:   map[string]handler.Route{"push": handler.Tx(onPush)},
-//		DB:       pool, // for the replay guard, on by default for GitHub
 //	})
 //	if err != nil { ... }
 //	mux := http.NewServeMux()
@@ -78,13 +77,21 @@
 // captured body and signature, replayed with a fresh id header, would pass
 // dedupe. With the guard on (the default for those providers, see
 // Config.ReplayGuard) the endpoint stores the SHA-256 of the signed body
-// with the event and, before processing, looks it up (one indexed query): a
-// body already recorded under another key of the same source within
-// Config.ReplayWindow is answered 200 as a duplicate and logged as a
-// suspected replay. The lookup sees committed events only: two deliveries of
-// the same body under different keys that are processed at the same moment
-// can both pass it. That does not weaken the guard against replays of
-// captured traffic, which come after the original committed.
+// with the event, and a body already recorded under another key of the same
+// source within Config.ReplayWindow is answered 200 as a duplicate
+// ("replay"), with nothing run, and logged as a suspected replay.
+//
+// For Tx routes the check is one statement inside the delivery's own
+// transaction, after its key is inserted: it takes a transaction-level
+// advisory lock on (source, body hash), then looks for another key with
+// that hash (an indexed lookup). Concurrent deliveries of one body under
+// different keys therefore run the check one after another, and each sees
+// the rows of those that committed before it (under READ COMMITTED, the
+// default; at stricter isolation levels the lookup's snapshot predates the
+// wait and only earlier commits are seen). A delivery waiting on the lock
+// waits for the first one's handler to finish. For other routes the same
+// lookup runs before the route, without the lock (it needs Config.DB), and
+// sees committed events only.
 //
 // # Observability
 //

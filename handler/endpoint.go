@@ -68,15 +68,17 @@ type Config struct {
 	// ReplayGuard selects the replay guard. The guard hashes the signed body
 	// (SHA-256, stored with the event) and answers a delivery whose body was
 	// already recorded under another key of this source within ReplayWindow
-	// as a duplicate, logging a suspected replay. It needs DB. Defaults to
+	// as a duplicate, logging a suspected replay. Defaults to
 	// ReplayGuardAuto.
 	ReplayGuard ReplayGuard
 	// ReplayWindow is how far back the guard looks. Defaults to
 	// DefaultReplayWindow.
 	ReplayWindow time.Duration
 	// DB is the database the processor uses (usually the same
-	// *pgxpool.Pool); the replay guard reads from it. Required when the
-	// guard is on.
+	// *pgxpool.Pool). The replay guard checks Tx routes inside their own
+	// transaction, and needs DB only to check other routes before they run:
+	// it is required when the guard is on and a route or the fallback is
+	// not a Tx route.
 	DB db.DBTX
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -159,18 +161,28 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	default:
 		return nil, fmt.Errorf("handler: new endpoint: unknown ReplayGuard %d", c.ReplayGuard)
 	}
-	if guard && c.DB == nil {
-		return nil, errors.New("handler: new endpoint: the replay guard needs Config.DB (or set ReplayGuard: ReplayGuardOff)")
-	}
 	routes := make(map[string]Route, len(c.Routes))
+	allTx := true
 	for t, r := range c.Routes {
 		if r == nil {
 			return nil, fmt.Errorf("handler: new endpoint: nil route for type %q", t)
 		}
-		if tr, ok := r.(*TxRoute); ok && tr.Handler == nil {
+		tr, ok := r.(*TxRoute)
+		if ok && tr.Handler == nil {
 			return nil, fmt.Errorf("handler: new endpoint: nil handler for type %q", t)
 		}
+		allTx = allTx && ok
 		routes[t] = r
+	}
+	if c.Fallback != nil {
+		tr, ok := c.Fallback.(*TxRoute)
+		if ok && tr.Handler == nil {
+			return nil, errors.New("handler: new endpoint: nil fallback handler")
+		}
+		allTx = allTx && ok
+	}
+	if guard && !allTx && c.DB == nil {
+		return nil, errors.New("handler: new endpoint: the replay guard needs Config.DB for routes that are not Tx routes (or set ReplayGuard: ReplayGuardOff)")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -192,7 +204,7 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		observer: c.Observer,
 		now:      c.Now,
 	}
-	if guard {
+	if guard && c.DB != nil {
 		e.queries = db.New(c.DB)
 	}
 	return e, nil
@@ -292,17 +304,58 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	if e.guard {
 		sum := sha256.Sum256(body)
 		ev.PayloadHash = sum[:]
-		if a, done := e.checkReplay(ctx, ev); done {
+		if tr, ok := route.(*TxRoute); ok {
+			route = Tx(e.guardTx(tr.Handler))
+		} else if a, done := e.checkReplay(ctx, ev); done {
 			return a
 		}
 	}
 	res, err := route.Apply(ctx, e.proc, ev)
+	if re, ok := errors.AsType[*replayError](err); ok {
+		e.logReplay(ctx, ev, re.original)
+		return answer{outcome: OutcomeReplay, status: http.StatusOK}
+	}
 	return e.mapResult(res, err)
 }
 
+// replayError is returned by a guarded handler that found the delivery's
+// body recorded under another key; its transaction rolls back.
+type replayError struct{ original string }
+
+func (e *replayError) Error() string { return "replayed body of event " + e.original }
+
+// guardTx wraps a transactional handler with the replay guard's check, run
+// in the transaction that has just inserted the delivery's key and hash.
+// The check serialises deliveries of the same body on an advisory lock, so
+// of two concurrent deliveries under different keys only the first to
+// commit runs its handler (under READ COMMITTED, the default).
+func (e *Endpoint) guardTx(h txhook.HandlerFunc) txhook.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		other, err := db.New(tx).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
+			Source:        ev.Source,
+			PayloadHash:   ev.PayloadHash,
+			EventKey:      ev.Key,
+			WindowSeconds: e.window,
+		})
+		if err != nil {
+			return fmt.Errorf("check replay: %w", err)
+		}
+		if other != "" {
+			return &replayError{original: other}
+		}
+		return h(ctx, tx, ev)
+	}
+}
+
+func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original string) {
+	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
+		slog.String("source", ev.Source), slog.String("key", ev.Key), slog.String("type", ev.Type),
+		slog.String("original_key", original))
+}
+
 // checkReplay answers a delivery whose body hash is already recorded under
-// another key. It is one indexed lookup before processing; see the package
-// documentation for its behaviour under concurrency.
+// another key, for routes that are not Tx routes: one indexed lookup before
+// processing, which sees committed events only.
 func (e *Endpoint) checkReplay(ctx context.Context, ev txhook.Event) (answer, bool) {
 	if !utf8.ValidString(ev.Key) || strings.IndexByte(ev.Key, 0) >= 0 {
 		// Not storable as text: Process rejects it with ErrInvalidEvent.
@@ -320,9 +373,7 @@ func (e *Endpoint) checkReplay(ctx context.Context, ev txhook.Event) (answer, bo
 	case err != nil:
 		return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, err: fmt.Errorf("check replay: %w", err)}, true
 	}
-	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
-		slog.String("source", ev.Source), slog.String("key", ev.Key), slog.String("type", ev.Type),
-		slog.String("original_key", other))
+	e.logReplay(ctx, ev, other)
 	return answer{outcome: OutcomeReplay, status: http.StatusOK}, true
 }
 

@@ -110,7 +110,16 @@ func testRoutes() map[string]handler.Route {
 // defaults of the tests filled in) on a fresh database.
 func newEnv(t *testing.T, cfg handler.Config, pcfg *txhook.Config) *env {
 	t.Helper()
+	return newEnvDB(t, cfg, pcfg, true)
+}
+
+// newEnvDB is newEnv that also sets Config.DB when withDB is true.
+func newEnvDB(t *testing.T, cfg handler.Config, pcfg *txhook.Config, withDB bool) *env {
+	t.Helper()
 	d := testdb.New(t)
+	if withDB {
+		cfg.DB = d.Pool
+	}
 	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (
 		source text NOT NULL, event_key text NOT NULL, event_type text NOT NULL,
 		UNIQUE (source, event_key))`); err != nil {
@@ -128,9 +137,6 @@ func newEnvPool(t *testing.T, pool, procDB *pgxpool.Pool, cfg handler.Config, pc
 	}
 	if cfg.Routes == nil {
 		cfg.Routes = testRoutes()
-	}
-	if cfg.DB == nil {
-		cfg.DB = procDB
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Observer = e.reps
@@ -414,20 +420,31 @@ func TestDatabaseUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(down.Close)
+	outside := map[string]handler.Route{"push": handler.RouteFunc(
+		func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
+			return p.Process(ctx, ev, record)
+		})}
 	for _, tc := range []struct {
 		name     string
 		provider handler.Provider
+		routes   map[string]handler.Route
 		extra    []string
 	}{
-		{"stripe", &handler.Stripe{Secrets: []string{"whsec_x"}}, nil},
-		// With the replay guard on, the guard's lookup is what fails first.
-		{"github", &handler.GitHub{Secrets: []string{"x"}}, []string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"}},
+		{"stripe", &handler.Stripe{Secrets: []string{"whsec_x"}}, nil, nil},
+		// The replay guard (on for GitHub) runs in the transaction that
+		// cannot begin.
+		{"github", &handler.GitHub{Secrets: []string{"x"}}, nil, []string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"}},
+		// For a route outside a transaction, the guard's lookup fails first.
+		{"github-outside-tx", &handler.GitHub{Secrets: []string{"x"}}, outside, []string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnvPool(t, d.Pool, down, handler.Config{Source: tc.name, Provider: tc.provider}, nil)
+			e := newEnvPool(t, d.Pool, down, handler.Config{Source: tc.name, Provider: tc.provider, DB: down, Routes: tc.routes}, nil)
 			r := e.post(tc.provider.(handler.Signer), stripeEvent("evt_down", "push"), tc.extra...)
 			r.want(t, 503, "error", "unavailable")
 			e.wantCounts(0, 0)
+			if rep := e.reps.last(t); tc.routes != nil && !strings.Contains(rep.Err.Error(), "check replay") {
+				t.Errorf("error %v, want the guard's lookup to fail", rep.Err)
+			}
 		})
 	}
 }

@@ -51,7 +51,6 @@ func Example() {
 				return err
 			}),
 		},
-		DB: pool, // the replay guard, on by default for GitHub, reads it
 	})
 	if err != nil {
 		log.Fatal(err)

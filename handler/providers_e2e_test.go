@@ -2,10 +2,12 @@ package handler_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -130,7 +132,9 @@ func TestReplayGuard(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard}, nil)
+			// Tx routes only and no Config.DB: the guard runs inside the
+			// delivery's transaction.
+			e := newEnvDB(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard, Routes: txRoutes()}, nil, false)
 			e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
 			r := e.post(tc.p, body, tc.rep...)
 			if !tc.wantReplay {
@@ -151,6 +155,18 @@ func TestReplayGuard(t *testing.T) {
 		})
 	}
 
+	t.Run("route outside a transaction", func(t *testing.T) {
+		t.Parallel()
+		// A route that is not a Tx route is checked before it runs, with
+		// Config.DB.
+		lease := handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
+			return p.Process(ctx, ev, record)
+		})
+		e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Fallback: lease, Routes: map[string]handler.Route{}}, nil, true)
+		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
+		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+		e.wantCounts(1, 1)
+	})
 	t.Run("stripe opt in", func(t *testing.T) {
 		t.Parallel()
 		// Stripe bodies carry their id, so the guard is off by default;
@@ -184,22 +200,35 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Fatalf("New(valid) = %v", err)
 	}
 	for name, mutate := range map[string]func(c *handler.Config){
-		"no source":        func(c *handler.Config) { c.Source = "" },
-		"NUL source":       func(c *handler.Config) { c.Source = "a\x00" },
-		"no provider":      func(c *handler.Config) { c.Provider = nil },
-		"no secret":        func(c *handler.Config) { c.Provider = &handler.Stripe{} },
-		"bad in-flight":    func(c *handler.Config) { c.InFlightStatus = 200 },
-		"negative limit":   func(c *handler.Config) { c.MaxBodyBytes = -1 },
-		"guard without DB": func(c *handler.Config) { c.Provider = &handler.GitHub{Secrets: []string{"x"}} },
-		"nil route":        func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": nil} },
-		"nil tx handler":   func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": handler.Tx(nil)} },
-		"unknown guard":    func(c *handler.Config) { c.ReplayGuard = 9 },
+		"no source":      func(c *handler.Config) { c.Source = "" },
+		"NUL source":     func(c *handler.Config) { c.Source = "a\x00" },
+		"no provider":    func(c *handler.Config) { c.Provider = nil },
+		"no secret":      func(c *handler.Config) { c.Provider = &handler.Stripe{} },
+		"bad in-flight":  func(c *handler.Config) { c.InFlightStatus = 200 },
+		"negative limit": func(c *handler.Config) { c.MaxBodyBytes = -1 },
+		"guard without DB": func(c *handler.Config) {
+			c.Provider = &handler.GitHub{Secrets: []string{"x"}}
+			c.Fallback = handler.RouteFunc(func(context.Context, *txhook.Processor, txhook.Event) (txhook.Result, error) {
+				return txhook.Result{}, nil
+			})
+		},
+		"nil route":      func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": nil} },
+		"nil tx handler": func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": handler.Tx(nil)} },
+		"unknown guard":  func(c *handler.Config) { c.ReplayGuard = 9 },
 	} {
 		c := ok
 		mutate(&c)
 		if _, err := handler.New(proc, &c); err == nil {
 			t.Errorf("%s: New = nil error", name)
 		}
+	}
+	// With Tx routes only, the guard runs inside their transactions and
+	// needs no Config.DB.
+	gh := ok
+	gh.Provider = &handler.GitHub{Secrets: []string{"x"}}
+	gh.Routes = map[string]handler.Route{"push": handler.Tx(record)}
+	if _, err := handler.New(proc, &gh); err != nil {
+		t.Errorf("guard with Tx routes, no DB: New = %v", err)
 	}
 	if _, err := handler.New(nil, &ok); err == nil {
 		t.Error("nil processor: New = nil error")
@@ -262,6 +291,17 @@ func TestTxHandlerLookup(t *testing.T) {
 	}
 }
 
+// txRoutes are testRoutes without the ones that are not Tx routes.
+func txRoutes() map[string]handler.Route {
+	r := testRoutes()
+	for t, route := range r {
+		if _, ok := route.(*handler.TxRoute); !ok {
+			delete(r, t)
+		}
+	}
+	return r
+}
+
 // stubBeginner lets tests build a Processor that never reaches a database.
 type stubBeginner struct{}
 
@@ -274,3 +314,75 @@ var errStub = &stubError{}
 type stubError struct{}
 
 func (*stubError) Error() string { return "stub: no database" }
+
+// TestReplayGuardConcurrent sends a body under a second key while the first
+// delivery of it is still in its transaction: the second waits for the
+// first and is answered as a replay.
+func TestReplayGuardConcurrent(t *testing.T) {
+	t.Parallel()
+	gh := &handler.GitHub{Secrets: []string{"gh"}}
+	started, release := make(chan struct{}), make(chan struct{})
+	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{
+		"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+			if ev.Key == "d-1" {
+				close(started)
+				<-release
+			}
+			return record(ctx, tx, ev)
+		}),
+	}}, nil, false)
+	body := `{"ref":"refs/heads/main","after":"abc"}`
+	answers := make(map[string]response)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	deliver := func(key string) {
+		wg.Go(func() {
+			h := hdr("X-GitHub-Delivery", key, "X-GitHub-Event", "push")
+			if err := gh.Sign(h, []byte(body), now); err != nil {
+				t.Error(err)
+				return
+			}
+			req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, e.srv.URL, strings.NewReader(body))
+			req.Header = h
+			resp, err := e.srv.Client().Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var m map[string]string
+			if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			answers[key] = response{status: resp.StatusCode, body: m}
+			mu.Unlock()
+		})
+	}
+	deliver("d-1")
+	<-started
+	deliver("d-2")
+	// Wait until d-2 waits on the guard's advisory lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatal("second delivery never waited on the guard's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	answers["d-1"].want(t, 200, "status", "processed")
+	answers["d-2"].want(t, 200, "status", "replay")
+	e.wantCounts(1, 1)
+}

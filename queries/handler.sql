@@ -7,3 +7,13 @@ WHERE source = @source
   AND event_key <> @event_key
   AND created_at > now() - make_interval(secs => sqlc.arg(window_seconds)::double precision)
 LIMIT 1;
+
+-- name: LockAndFindPayloadHash :one
+-- The replay guard's check inside the delivery's own transaction; see txhook_find_replay in
+-- migrations. Returns '' when no other key has the hash.
+SELECT coalesce(txhook_find_replay(
+    sqlc.arg(source)::text,
+    sqlc.arg(payload_hash)::bytea,
+    sqlc.arg(event_key)::text,
+    sqlc.arg(window_seconds)::double precision
+), '')::text AS event_key;
