@@ -1,0 +1,76 @@
+// Command bench measures txhook against the database's own limit, side by
+// side, on one PostgreSQL in one run, and writes the results to
+// BENCHMARKS.md.
+//
+// At each concurrency (1, 8 and 32 by default) it measures:
+//
+//   - limit: pgbench running the SQL one processed event costs (the dedupe
+//     step and the example's business writes, in one transaction);
+//   - naive: the naive dedupe (key committed alone, then the work);
+//   - txhook library: Processor.Process called directly;
+//   - duplicate storm (library): Process on already processed events;
+//   - txhook HTTP: the stripe-orders example under load through real HTTP
+//     with real Stripe signatures;
+//   - duplicate storm (HTTP): redeliveries of already processed events;
+//   - baseline HTTP: a hand-written pgx receiver doing the same work.
+//
+// With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
+// durability settings (fsync, synchronous_commit and full_page_writes on).
+// Run it with `make bench`, or from the tests module: go run ./bench -h.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if os.Getenv(baselineEnv) != "" {
+		os.Exit(baselineMain())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var o options
+	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "file to write the report to")
+	flag.StringVar(&o.root, "root", "..", "the txhook repository (for go test -bench and go build)")
+	conc := flag.String("c", "1,8,32", "comma-separated concurrency levels")
+	flag.DurationVar(&o.duration, "d", 5*time.Second, "measured time per cell")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per cell")
+	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
+	flag.Parse()
+	for s := range strings.SplitSeq(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: bad concurrency %q\n", s)
+			os.Exit(2)
+		}
+		o.conc = append(o.conc, n)
+	}
+	o.dbURL = os.Getenv("DATABASE_URL")
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options configure a run.
+type options struct {
+	out      string
+	root     string
+	conc     []int
+	duration time.Duration
+	warmup   time.Duration
+	micro    bool
+	dbURL    string
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// pgbenchScript is the SQL one processed checkout.session.completed costs,
+// statement for statement what txhook and the example's handler send: BEGIN;
+// the dedupe step (txhook_insert_event, storing the payload as the example
+// does); the order insert and the customer total upsert (the example's
+// sqlc queries InsertOrder and AddCustomerSpend); COMMIT. Run with
+// -M prepared, like pgx's statement cache. The stored payload is the body
+// of a real event of the same size.
+const pgbenchScript = `\set n random(1, 1000000000000)
+\set cus random(0, %d)
+\set amount random(100, 9999)
+BEGIN;
+SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
+FROM txhook_insert_event('stripe', ('evt_limit_' || :n::text)::text, 'checkout.session.completed'::text, decode('%s', 'hex'), NULL::bytea, '2000ms'::text);
+INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
+INSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent;
+END;
+`
+
+// writePgbenchScript writes the script into dir with payload as the stored
+// body.
+func writePgbenchScript(dir string, payload []byte, customers int) (string, error) {
+	// Hex, because pgbench would read the JSON's colons as variables.
+	lit := hex.EncodeToString(payload)
+	path := filepath.Join(dir, "event.sql")
+	script := fmt.Sprintf(pgbenchScript, customers-1, lit)
+	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+		return "", fmt.Errorf("write pgbench script: %w", err)
+	}
+	return path, nil
+}
+
+var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// runPgbench runs the script at concurrency c (one connection per client)
+// for d against the database at dbURL and returns the measured cell. Its per-transaction log gives the
+// latencies.
+func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Duration) (cell, error) {
+	logDir, err := os.MkdirTemp(dir, "pgbench-log-")
+	if err != nil {
+		return cell{}, err
+	}
+	defer os.RemoveAll(logDir)
+	threads := min(c, 2)
+	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(c), "-j", strconv.Itoa(threads),
+		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, "-l", "--log-prefix=" + filepath.Join(logDir, "tx"),
+		dbURL}
+	cmd := exec.CommandContext(ctx, "pgbench", args...)
+	cmd.Dir = logDir
+	cpu0 := sampleCPU(0)
+	out, err := cmd.CombinedOutput()
+	cpu1 := sampleCPU(0)
+	if err != nil {
+		return cell{}, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	m := tpsRe.FindSubmatch(out)
+	if m == nil {
+		return cell{}, fmt.Errorf("pgbench: no tps in output:\n%s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	lat, failed, err := readPgbenchLogs(logDir)
+	if err != nil {
+		return cell{}, err
+	}
+	res := cell{Scenario: scenLimit, Concurrency: c, Seconds: d.Seconds(), AllocsPerEvent: -1}
+	res.Events = int64(tps*d.Seconds() + 0.5)
+	res.Errors = failed
+	res.P50, res.P99 = percentiles(lat)
+	var client time.Duration
+	if st := cmd.ProcessState; st != nil {
+		client = st.UserTime() + st.SystemTime()
+	}
+	res.CPU = split(cpu0, cpu1, res.Events, client)
+	res.CPU.Client = float64(client) / float64(time.Millisecond) / float64(max(res.Events, 1))
+	return res, nil
+}
+
+// readPgbenchLogs reads pgbench's per-transaction logs: "client tx latency_us
+// script epoch us", latency "failed" or "skipped" for a failed one.
+func readPgbenchLogs(dir string) ([]time.Duration, int64, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "tx*"))
+	if err != nil {
+		return nil, 0, err
+	}
+	var lat []time.Duration
+	var failed int64
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return nil, 0, err
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 3 {
+				continue
+			}
+			us, err := strconv.ParseInt(fields[2], 10, 64)
+			if err != nil {
+				failed++
+				continue
+			}
+			lat = append(lat, time.Duration(us)*time.Microsecond)
+		}
+		fh.Close()
+		if err := sc.Err(); err != nil {
+			return nil, 0, err
+		}
+	}
+	return lat, failed, nil
+}

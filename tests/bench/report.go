@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// machineInfo describes the machine: CPU, cores, memory, kernel, Go.
+func machineInfo() []string {
+	var info []string
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				info = append(info, "CPU: "+strings.TrimSpace(v))
+				break
+			}
+		}
+	}
+	info = append(info, fmt.Sprintf("logical CPUs: %d", runtime.NumCPU()))
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		info = append(info, "memory: "+strings.Join(strings.Fields(line)[1:], " "))
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		info = append(info, "kernel: Linux "+strings.TrimSpace(string(b)))
+	}
+	info = append(info, "Go: "+runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH)
+	if out, err := exec.Command("pgbench", "--version").Output(); err == nil {
+		info = append(info, "pgbench: "+strings.TrimSpace(string(out)))
+	}
+	return info
+}
+
+// postgresSettings are the settings that decide what a commit costs.
+var postgresSettings = []string{
+	"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "wal_level",
+	"shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections",
+}
+
+func postgresInfo(ctx context.Context, dbURL string) ([]string, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var version string
+	if err := conn.QueryRow(ctx, "SELECT version()").Scan(&version); err != nil {
+		return nil, fmt.Errorf("read version: %w", err)
+	}
+	info := []string{version}
+	for _, s := range postgresSettings {
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err != nil {
+			return nil, fmt.Errorf("read %s: %w", s, err)
+		}
+		info = append(info, s+" = "+v)
+	}
+	return info, nil
+}
+
+// microBenchmarks runs the Go micro-benchmarks of the hot paths in the
+// repository at root, against the database at dbURL, and returns their
+// output (or the error).
+func microBenchmarks(ctx context.Context, root, dbURL string) string {
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "^Benchmark(Process|Stripe)", "-benchmem", "-count", "1", ".", "./handler/")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "TEST_DATABASE_URL="+dbURL)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("go test -bench failed: %v\n%s", err, out)
+	}
+	var keep []string
+	for line := range strings.SplitSeq(string(out), "\n") {
+		if strings.HasPrefix(line, "Benchmark") || strings.HasPrefix(line, "pkg:") || strings.HasPrefix(line, "cpu:") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// find returns the cell of scenario s at concurrency c.
+func (r *report) find(s string, c int) (cell, bool) {
+	for _, x := range r.cells {
+		if x.Scenario == s && x.Concurrency == c {
+			return x, true
+		}
+	}
+	return cell{}, false
+}
+
+// ratio returns a/b's rates, 0 when either is missing.
+func (r *report) ratio(a, b string, c int) float64 {
+	x, ok1 := r.find(a, c)
+	y, ok2 := r.find(b, c)
+	if !ok1 || !ok2 || y.rate() == 0 {
+		return 0
+	}
+	return x.rate() / y.rate()
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p("# Benchmarks")
+	p("")
+	p("Written by `make bench` (`go run ./bench` in the tests module) on %s, run from %s to %s UTC.",
+		r.started.UTC().Format("2006-01-02"), r.started.UTC().Format("15:04:05"), r.finished.UTC().Format("15:04:05"))
+	p("Every row ran on the same PostgreSQL server, in one run, one after the other; each cell measured %v after %v of warm-up,", r.opts.duration, r.opts.warmup)
+	p("with a CHECKPOINT before it. Numbers are from this run only; rerun `make bench` to reproduce them on your machine.")
+	p("")
+	p("## Machine")
+	p("")
+	for _, m := range r.machine {
+		p("- %s", m)
+	}
+	p("- the load generator, the receivers and PostgreSQL all share these CPUs")
+	p("")
+	p("## PostgreSQL")
+	p("")
+	for _, s := range r.pgInfo {
+		p("- %s", s)
+	}
+	if r.opts.dbURL == "" {
+		p("- a throwaway cluster (initdb) with PostgreSQL's default durability settings: every commit waits for its WAL flush")
+	} else {
+		p("- the server at DATABASE_URL")
+	}
+	p("")
+	p("## What each row measures")
+	p("")
+	p("Each event is a `checkout.session.completed` whose processing is the stripe-orders example's: the dedupe step, an")
+	p("order insert and an upsert adding to the customer's running total (%d customers), in one transaction, with the event's", customers)
+	p("%d-byte body stored (the example keeps payloads for replay). Concurrency c means c concurrent clients.", r.payload)
+	p("")
+	p("- **%s**: pgbench `-M prepared`, c connections, running exactly the SQL the library sends for one event", scenLimit)
+	p("  (BEGIN; `txhook_insert_event(...)`; the example's InsertOrder and AddCustomerSpend; COMMIT): the database's own limit.")
+	p("- **%s**: the key inserted and committed alone, then the work in a second transaction (fast and wrong: a", scenNaive)
+	p("  crash between the two loses the event); pgxpool of c connections.")
+	p("- **%s**: `Processor.Process` called directly with the example's handler (JSON decode and the same", scenLibrary)
+	p("  writes through its sqlc queries); pgxpool of c connections.")
+	p("- **%s**: `Process` on events already processed (what a provider's retry storm after an outage costs).", scenLibraryDup)
+	p("- **%s**: the stripe-orders example as a separate process, driven by a Go load generator over HTTP/1.1", scenHTTP)
+	p("  keep-alive connections with real Stripe signatures (fresh timestamp and HMAC per request); the example logs one")
+	p("  line per delivery (to a file) and uses pgxpool's default pool size, max(4, CPUs) connections.")
+	p("- **%s**: the same load generator redelivering events the example already processed.", scenHTTPDup)
+	p("- **%s**: a straightforward hand-written receiver (net/http, hand-rolled signature check, one pgx", scenBaselineHTTP)
+	p("  transaction: its own event-id insert ON CONFLICT DO NOTHING, then the same writes), as a separate process with")
+	p("  the same default pool size and the same load generator. It logs nothing.")
+	p("")
+	p("Latencies are per event as the client sees them. Allocations per event are heap allocations in the measuring")
+	p("process (Go's runtime counters, as `-benchmem` reports), for the rows that run in it; HTTP rows run the receiver in")
+	p("another process. CPU per event splits the machine's busy time over the cell: the load generator (this process, or")
+	p("pgbench), the receiver process, and the rest (PostgreSQL, mostly).")
+	p("")
+	p("## Results")
+	p("")
+	for _, c := range r.opts.conc {
+		p("### Concurrency %d", c)
+		p("")
+		p("| scenario | events/s | ratio to limit | p50 ms | p99 ms | allocs/event | CPU ms/event: client / receiver / rest | errors |")
+		p("|---|---:|---:|---:|---:|---:|---|---:|")
+		for _, x := range r.cells {
+			if x.Concurrency != c {
+				continue
+			}
+			ratio := "—"
+			if rt := r.ratio(x.Scenario, scenLimit, c); rt > 0 {
+				ratio = fmt.Sprintf("%.2f×", rt)
+			}
+			allocs := "—"
+			if x.AllocsPerEvent >= 0 {
+				allocs = fmt.Sprintf("%.0f", x.AllocsPerEvent)
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %.2f / %.2f / %.2f | %d |", x.Scenario, x.rate(), ratio, ms(x.P50), ms(x.P99), allocs,
+				x.CPU.Client, x.CPU.Receiver, x.CPU.Rest, x.Errors)
+		}
+		p("")
+	}
+	p("## Ratios and targets")
+	p("")
+	p("| ratio | c=%s |", joinConc(r.opts.conc, " | c="))
+	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
+	rows := []struct{ label, a, b string }{
+		{"txhook library / limit", scenLibrary, scenLimit},
+		{"txhook HTTP / limit", scenHTTP, scenLimit},
+		{"baseline pgx HTTP / limit", scenBaselineHTTP, scenLimit},
+		{"naive dedupe / limit", scenNaive, scenLimit},
+		{"duplicate storm / new events (library)", scenLibraryDup, scenLibrary},
+		{"duplicate storm / new events (HTTP)", scenHTTPDup, scenHTTP},
+		{"txhook HTTP / baseline pgx HTTP", scenHTTP, scenBaselineHTTP},
+	}
+	for _, row := range rows {
+		var vals []string
+		for _, c := range r.opts.conc {
+			if rt := r.ratio(row.a, row.b, c); rt > 0 {
+				vals = append(vals, fmt.Sprintf("%.2f×", rt))
+			} else {
+				vals = append(vals, "—")
+			}
+		}
+		p("| %s | %s |", row.label, strings.Join(vals, " | "))
+	}
+	p("")
+	p("Targets:")
+	p("")
+	target := func(label string, got, want float64) {
+		verdict := "met"
+		if got < want {
+			verdict = "**missed**"
+		}
+		if got == 0 {
+			verdict = "not measured"
+		}
+		p("- %s: %.2f× (target ≥ %.1f×): %s", label, got, want, verdict)
+	}
+	target("txhook library at concurrency 8 vs the limit", r.ratio(scenLibrary, scenLimit, 8), 0.9)
+	for _, c := range r.opts.conc {
+		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the limit", c), r.ratio(scenHTTP, scenLimit, c), 0.5)
+	}
+	for _, c := range r.opts.conc {
+		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library)", c), r.ratio(scenLibraryDup, scenLibrary, c), 2.5)
+		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
+	}
+	p("")
+	p("## Where the time goes")
+	p("")
+	for _, c := range r.opts.conc {
+		lim, ok1 := r.find(scenLimit, c)
+		lib, ok2 := r.find(scenLibrary, c)
+		hp, ok3 := r.find(scenHTTP, c)
+		base, ok4 := r.find(scenBaselineHTTP, c)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			continue
+		}
+		p("- c=%d: the limit costs %.2f ms of CPU per event (pgbench %.2f, PostgreSQL and the rest %.2f). The library costs %.2f",
+			c, lim.CPU.Client+lim.CPU.Rest, lim.CPU.Client, lim.CPU.Rest, lib.CPU.Client+lib.CPU.Rest)
+		p("  (Go client %.2f, rest %.2f). txhook HTTP costs %.2f (load generator %.2f, example %.2f, rest %.2f); the baseline",
+			lib.CPU.Client, lib.CPU.Rest, hp.CPU.Client+hp.CPU.Receiver+hp.CPU.Rest, hp.CPU.Client, hp.CPU.Receiver, hp.CPU.Rest)
+		p("  receiver costs %.2f (load generator %.2f, receiver %.2f, rest %.2f).",
+			base.CPU.Client+base.CPU.Receiver+base.CPU.Rest, base.CPU.Client, base.CPU.Receiver, base.CPU.Rest)
+	}
+	if r.profile != "" {
+		p("")
+		p("CPU profile of the measuring process during the txhook library row at concurrency %d (`go tool pprof -top`):", r.profConc)
+		p("")
+		p("```")
+		p("%s", strings.TrimSpace(r.profile))
+		p("```")
+	}
+	if r.micro != "" {
+		p("")
+		p("## Go micro-benchmarks")
+		p("")
+		p("`go test -run '^$' -bench '^Benchmark(Process|Stripe)' -benchmem . ./handler/` against the same server:")
+		p("")
+		p("```")
+		p("%s", strings.TrimSpace(r.micro))
+		p("```")
+	}
+	return b.String()
+}
+
+func joinConc(cs []int, sep string) string {
+	var s []string
+	for _, c := range cs {
+		s = append(s, fmt.Sprint(c))
+	}
+	return strings.Join(s, sep)
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
+)
+
+// eventBody returns a checkout.session.completed event in Stripe's shape,
+// the same fields the stripe-orders example reads.
+func eventBody(dst []byte, id, session, customer string, amount int64) []byte {
+	return fmt.Appendf(dst, `{"id":%q,"object":"event","api_version":"2024-06-20","created":%d,"livemode":false,"type":"checkout.session.completed","data":{"object":{"id":%q,"object":"checkout.session","customer":%q,"amount_total":%d,"currency":"usd","payment_status":"paid"}}}`,
+		id, time.Now().Unix(), session, customer, amount)
+}
+
+// eventSource numbers the events of one scenario so that every key is new.
+type eventSource struct {
+	prefix    string
+	customers int
+}
+
+// next returns worker w's i-th event: its key and body.
+func (s eventSource) next(w, i int) (string, []byte) {
+	n := strconv.Itoa(w) + "_" + strconv.Itoa(i)
+	id := "evt_" + s.prefix + "_" + n
+	cus := "cus_bench_" + strconv.Itoa((w*7919+i)%s.customers)
+	return id, eventBody(nil, id, "cs_"+s.prefix+"_"+n, cus, int64(100+i%9900))
+}
+
+// checkout is the part of the event the handlers read.
+type checkout struct {
+	ID   string `json:"id"`
+	Type string `json:"type"`
+	Data struct {
+		Object struct {
+			ID          string  `json:"id"`
+			Customer    *string `json:"customer"`
+			AmountTotal *int64  `json:"amount_total"`
+		} `json:"object"`
+	} `json:"data"`
+}
+
+var errBadEvent = errors.New("bad event")
+
+func decodeCheckout(body []byte) (checkout, error) {
+	var c checkout
+	if err := json.Unmarshal(body, &c); err != nil {
+		return c, fmt.Errorf("decode event: %w", err)
+	}
+	if c.ID == "" || c.Data.Object.ID == "" || c.Data.Object.AmountTotal == nil {
+		return c, errBadEvent
+	}
+	return c, nil
+}
+
+// applyCheckout makes the business writes of the example's
+// checkout.session.completed handler: the order, then the customer's total.
+func applyCheckout(ctx context.Context, q *ordersdb.Queries, c checkout) error {
+	o := c.Data.Object
+	customer := pgtype.Text{}
+	if o.Customer != nil && *o.Customer != "" {
+		customer = pgtype.Text{String: *o.Customer, Valid: true}
+	}
+	if _, err := q.InsertOrder(ctx, ordersdb.InsertOrderParams{
+		CheckoutSessionID: o.ID, CustomerID: customer, AmountTotal: *o.AmountTotal,
+	}); err != nil {
+		return fmt.Errorf("insert order: %w", err)
+	}
+	if !customer.Valid {
+		return nil
+	}
+	if _, err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: customer.String, Amount: *o.AmountTotal}); err != nil {
+		return fmt.Errorf("add customer spend: %w", err)
+	}
+	return nil
+}
+
+// libraryHandler is the example's handler as a txhook.HandlerFunc.
+var libraryHandler = txhook.WithQueries(ordersdb.New, func(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
+	c, err := decodeCheckout(ev.Payload)
+	if err != nil {
+		return err
+	}
+	return applyCheckout(ctx, q, c)
+})
+
+// processLibrary applies one event with Process, as the example's endpoint
+// does, and checks the outcome.
+func processLibrary(ctx context.Context, p *txhook.Processor, key string, body []byte, want txhook.Outcome) error {
+	res, err := p.Process(ctx, txhook.Event{Source: "stripe", Key: key, Type: "checkout.session.completed", Payload: body}, libraryHandler)
+	if err != nil {
+		return err
+	}
+	if res.Outcome != want {
+		return fmt.Errorf("outcome %v, want %v", res.Outcome, want)
+	}
+	return nil
+}
+
+// processNaive is the naive dedupe: the key committed alone, then the work
+// in a second transaction. A crash between the two loses the event.
+func processNaive(ctx context.Context, pool *pgxpool.Pool, key string, body []byte) error {
+	tag, err := pool.Exec(ctx, "INSERT INTO naive_processed_events (event_key) VALUES ($1) ON CONFLICT DO NOTHING", key)
+	if err != nil {
+		return fmt.Errorf("insert key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errors.New("duplicate")
+	}
+	c, err := decodeCheckout(body)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return applyCheckout(ctx, ordersdb.New(tx), c)
+	})
+}
