@@ -492,3 +492,21 @@ func TestConcurrentDuplicates(t *testing.T) {
 	}
 	e.wantCounts(1, 1)
 }
+
+// TestLongKeyClippedInReports: an oversized key is rejected with 400 and
+// reported cut short, not copied whole into logs.
+func TestLongKeyClippedInReports(t *testing.T) {
+	t.Parallel()
+	gh := &handler.GitHub{Secrets: []string{"gh"}}
+	e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, nil)
+	long := strings.Repeat("é", 50_000)
+	e.post(gh, `{}`, "X-GitHub-Delivery", long, "X-GitHub-Event", "push").want(t, 400, "error", "bad_request")
+	e.wantCounts(0, 0)
+	r := e.reps.last(t)
+	if len(r.Key) > 260 || !strings.HasSuffix(r.Key, "…") || !strings.HasPrefix(long, strings.TrimSuffix(r.Key, "…")) {
+		t.Errorf("reported key of %d bytes: %q", len(r.Key), r.Key)
+	}
+	if strings.Contains(e.logs.String(), strings.Repeat("é", 200)) {
+		t.Error("logs hold the whole key")
+	}
+}

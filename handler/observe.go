@@ -33,7 +33,8 @@ type Report struct {
 	// Source is the endpoint's source name.
 	Source string
 	// Key and Type are the event's key and type; empty when the delivery
-	// was rejected before they were extracted.
+	// was rejected before they were extracted, and cut to 256 bytes (with
+	// "…" appended) when longer.
 	Key  string
 	Type string
 	// Outcome is what became of the delivery.
