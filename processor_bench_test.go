@@ -1,0 +1,87 @@
+package txhook_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/testdb"
+)
+
+// benchProcessor returns a processor on a fresh database with an effects
+// table, and the handler that writes to it.
+func benchProcessor(b *testing.B) (*txhook.Processor, txhook.HandlerFunc) {
+	b.Helper()
+	d := testdb.New(b)
+	if _, err := d.Pool.Exec(b.Context(), `CREATE TABLE bench_effects (event_key text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	p, err := txhook.NewProcessor(d.Pool, &txhook.Config{StorePayload: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		_, err := tx.Exec(ctx, "INSERT INTO bench_effects (event_key, amount) VALUES ($1, 500)", ev.Key)
+		return err
+	}
+	return p, h
+}
+
+var benchPayload = []byte(`{"id":"evt_bench","object":"event","type":"checkout.session.completed","data":{"object":{"id":"cs_bench","amount_total":500}}}`)
+
+// BenchmarkProcessNew measures a new event end to end against PostgreSQL:
+// BEGIN, the dedupe step, one business write, COMMIT.
+func BenchmarkProcessNew(b *testing.B) {
+	p, h := benchProcessor(b)
+	ctx := b.Context()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		res, err := p.Process(ctx, txhook.Event{Source: "bench", Key: "evt_" + strconv.Itoa(i), Type: "checkout.session.completed", Payload: benchPayload}, h)
+		if err != nil || res.Outcome != txhook.OutcomeProcessed {
+			b.Fatalf("process = %v, %v", res.Outcome, err)
+		}
+	}
+}
+
+// BenchmarkProcessNewParallel is BenchmarkProcessNew from GOMAXPROCS
+// goroutines sharing the pool.
+func BenchmarkProcessNewParallel(b *testing.B) {
+	p, h := benchProcessor(b)
+	ctx := b.Context()
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := "evt_" + strconv.FormatInt(n.Add(1), 10)
+			res, err := p.Process(ctx, txhook.Event{Source: "bench", Key: key, Type: "checkout.session.completed", Payload: benchPayload}, h)
+			if err != nil || res.Outcome != txhook.OutcomeProcessed {
+				b.Errorf("process = %v, %v", res.Outcome, err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkProcessDuplicate measures a redelivery of a processed event:
+// BEGIN, the dedupe step finding the key, ROLLBACK; the handler never runs.
+func BenchmarkProcessDuplicate(b *testing.B) {
+	p, h := benchProcessor(b)
+	ctx := b.Context()
+	ev := txhook.Event{Source: "bench", Key: "evt_dup", Type: "checkout.session.completed", Payload: benchPayload}
+	if _, err := p.Process(ctx, ev, h); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := p.Process(ctx, ev, h)
+		if err != nil || res.Outcome != txhook.OutcomeDuplicate {
+			b.Fatalf("process = %v, %v", res.Outcome, err)
+		}
+	}
+}
