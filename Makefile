@@ -9,7 +9,7 @@ export GOTOOLCHAIN := local
 # Modules with their own go.mod (the library first).
 MODULES := . tests otelhook
 
-.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo
+.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench
 
 all: test
 
@@ -38,3 +38,11 @@ unit:
 ## demo: the exactly-once story: a duplicate, a crash and its retry, and the naive dedupe losing an event.
 demo:
 	$(GO) run ./cmd/demo
+
+## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 40 kills).
+chaos:
+	cd tests && $(GO) run ./chaos
+
+## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
+bench:
+	cd tests && $(GO) run ./bench -out ../BENCHMARKS.md -root ..
