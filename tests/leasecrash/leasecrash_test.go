@@ -5,7 +5,9 @@
 // claim, after the external call, before the final COMMIT, or after it. A
 // restarted child then redelivers until the dead worker's lease ends and the
 // event is taken over: the business effect exists exactly once and every
-// external call carried the same idempotency key.
+// external call carried the same idempotency key. A last test kills the
+// worker with SIGKILL in the middle of its external call, after renewals have
+// kept its claim alive for several leases.
 package leasecrash
 
 import (
@@ -137,14 +139,20 @@ func (a *externalAPI) calls() []string {
 	return append([]string(nil), a.keys...)
 }
 
-// run starts a child; crashAt arms a crash point. It returns the child's
-// printed outcome, or its exit code when it did not exit 0.
-func run(t *testing.T, dbURL, apiURL string, crashAt txhook.CrashPoint) (outcome string, code int) {
-	t.Helper()
+// childCmd returns the command running a child; crashAt arms a crash point.
+func childCmd(t *testing.T, dbURL, apiURL string, crashAt txhook.CrashPoint) *exec.Cmd {
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1", dbEnv+"="+dbURL, apiEnv+"="+apiURL,
 		txhook.CrashPointEnv+"="+string(crashAt))
+	return cmd
+}
+
+// run runs a child; crashAt arms a crash point. It returns the child's
+// printed outcome, or its exit code when it did not exit 0.
+func run(t *testing.T, dbURL, apiURL string, crashAt txhook.CrashPoint) (outcome string, code int) {
+	t.Helper()
+	cmd := childCmd(t, dbURL, apiURL, crashAt)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -275,4 +283,98 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return int(n)
+}
+
+// TestKilledDuringExternalCall kills the worker (SIGKILL) while its external
+// call is in flight, after it has held its claim for several leases through
+// renewals. Its renewals stop with it, the claim ends one lease later, and
+// the redelivery takes the event over: the call is repeated with the same
+// idempotency key and the business effect exists once.
+func TestKilledDuringExternalCall(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
+		t.Fatal(err)
+	}
+	api := newExternalAPI(t)
+	inCall, killed := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	blocking := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api.srv.Config.Handler.ServeHTTP(w, r)
+		isFirst := false
+		first.Do(func() { isFirst = true })
+		if isFirst {
+			close(inCall)
+			<-killed // the call hangs until the worker is dead
+		}
+	}))
+	t.Cleanup(blocking.Close)
+
+	cmd := childCmd(t, d.URL, blocking.URL, "")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inCall:
+	case <-time.After(time.Minute):
+		t.Fatal("worker did not call the external API")
+	}
+	// Hold the call open for more than two leases: renewals must keep the
+	// claim alive across them.
+	var renewed bool
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var held time.Duration
+		err := d.Pool.QueryRow(t.Context(), `SELECT clock_timestamp() - claimed_at, lease_expires_at > clock_timestamp()
+			FROM txhook_processed_events WHERE source = $1 AND event_key = $2`,
+			testEvent.Source, testEvent.Key).Scan(&held, &renewed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !renewed {
+			t.Fatalf("claim held for %v lost its lease while the worker was alive", held)
+		}
+		if held > 2*lease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("claim not held long enough")
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	close(killed)
+	if err == nil {
+		t.Fatal("killed worker exited cleanly")
+	}
+
+	final := ""
+	for deadline := time.Now().Add(time.Minute); final == ""; {
+		out, code := run(t, d.URL, api.srv.URL, "")
+		switch {
+		case code != 0:
+			t.Fatalf("redelivery: exit %d", code)
+		case out != txhook.OutcomeInFlight.String():
+			final = out
+		case time.Now().After(deadline):
+			t.Fatal("event still in flight a minute after the kill")
+		default:
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if final != txhook.OutcomeProcessed.String() {
+		t.Errorf("redelivery = %q, want processed", final)
+	}
+	if n := count(t, d.Pool, "SELECT count(*) FROM invoices"); n != 1 {
+		t.Errorf("invoices = %d, want 1", n)
+	}
+	if row := getRow(t, d.Pool); row.Status != "done" || row.Attempts != 2 {
+		t.Errorf("row: status %s, attempts %d; want done, 2", row.Status, row.Attempts)
+	}
+	wantKey := txhook.IdempotencyKey(testEvent.Source, testEvent.Key, "charge")
+	calls := api.calls()
+	if len(calls) != 2 || calls[0] != wantKey || calls[1] != wantKey {
+		t.Errorf("external calls = %q, want two with %q", calls, wantKey)
+	}
 }
