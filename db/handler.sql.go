@@ -44,7 +44,8 @@ SELECT coalesce(txhook_find_replay(
     $1::text,
     $2::bytea,
     $3::text,
-    $4::double precision
+    $4::double precision,
+    $5::text
 ), '')::text AS event_key
 `
 
@@ -53,6 +54,7 @@ type LockAndFindPayloadHashParams struct {
 	PayloadHash   []byte
 	EventKey      string
 	WindowSeconds float64
+	LockTimeout   string
 }
 
 // The replay guard's check inside the delivery's own transaction; see txhook_find_replay in
@@ -63,6 +65,7 @@ func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPay
 		arg.PayloadHash,
 		arg.EventKey,
 		arg.WindowSeconds,
+		arg.LockTimeout,
 	)
 	var event_key string
 	err := row.Scan(&event_key)

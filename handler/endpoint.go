@@ -74,6 +74,10 @@ type Config struct {
 	// ReplayWindow is how far back the guard looks. Defaults to
 	// DefaultReplayWindow.
 	ReplayWindow time.Duration
+	// ReplayLockTimeout bounds how long a Tx route's guard check waits for
+	// a concurrent delivery of the same body under another key to finish;
+	// past it the delivery is answered in flight. Defaults to 2s.
+	ReplayLockTimeout time.Duration
 	// DB is the database the processor uses (usually the same
 	// *pgxpool.Pool). The replay guard checks Tx routes inside their own
 	// transaction, and needs DB only to check other routes before they run:
@@ -95,19 +99,20 @@ type Config struct {
 // never 2xx unless the event's effects are committed (or it duplicates a
 // committed event). It is safe for concurrent use.
 type Endpoint struct {
-	proc     *txhook.Processor
-	source   string
-	provider Provider
-	routes   map[string]Route
-	fallback Route
-	maxBody  int64
-	inFlight int
-	guard    bool
-	window   float64
-	queries  *db.Queries
-	log      *slog.Logger
-	observer Observer
-	now      func() time.Time
+	proc      *txhook.Processor
+	source    string
+	provider  Provider
+	routes    map[string]Route
+	fallback  Route
+	maxBody   int64
+	inFlight  int
+	guard     bool
+	window    float64
+	guardWait string // lock_timeout of the replay guard's check
+	queries   *db.Queries
+	log       *slog.Logger
+	observer  Observer
+	now       func() time.Time
 }
 
 // New returns an Endpoint applying events through p.
@@ -133,7 +138,7 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 			return nil, fmt.Errorf("handler: new endpoint: provider: %w", err)
 		}
 	}
-	if c.MaxBodyBytes < 0 || c.ReplayWindow < 0 {
+	if c.MaxBodyBytes < 0 || c.ReplayWindow < 0 || c.ReplayLockTimeout < 0 {
 		return nil, errors.New("handler: new endpoint: negative limit in config")
 	}
 	if c.MaxBodyBytes == 0 {
@@ -148,6 +153,9 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	}
 	if c.ReplayWindow == 0 {
 		c.ReplayWindow = DefaultReplayWindow
+	}
+	if c.ReplayLockTimeout == 0 {
+		c.ReplayLockTimeout = 2 * time.Second
 	}
 	guard := false
 	switch c.ReplayGuard {
@@ -191,18 +199,19 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		c.Now = time.Now
 	}
 	e := &Endpoint{
-		proc:     p,
-		source:   c.Source,
-		provider: c.Provider,
-		routes:   routes,
-		fallback: c.Fallback,
-		maxBody:  c.MaxBodyBytes,
-		inFlight: c.InFlightStatus,
-		guard:    guard,
-		window:   c.ReplayWindow.Seconds(),
-		log:      c.Logger,
-		observer: c.Observer,
-		now:      c.Now,
+		proc:      p,
+		source:    c.Source,
+		provider:  c.Provider,
+		routes:    routes,
+		fallback:  c.Fallback,
+		maxBody:   c.MaxBodyBytes,
+		inFlight:  c.InFlightStatus,
+		guard:     guard,
+		window:    c.ReplayWindow.Seconds(),
+		guardWait: fmt.Sprintf("%dms", max(c.ReplayLockTimeout.Milliseconds(), 1)),
+		log:       c.Logger,
+		observer:  c.Observer,
+		now:       c.Now,
 	}
 	if guard && c.DB != nil {
 		e.queries = db.New(c.DB)
@@ -315,6 +324,10 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 		e.logReplay(ctx, ev, re.original)
 		return answer{outcome: OutcomeReplay, status: http.StatusOK}
 	}
+	if errors.Is(err, errGuardBusy) {
+		// Another delivery of the same body holds the guard's lock.
+		return e.mapResult(txhook.Result{Outcome: txhook.OutcomeInFlight, RetryAfter: guardRetryAfter}, nil)
+	}
 	return e.mapResult(res, err)
 }
 
@@ -323,6 +336,13 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 type replayError struct{ original string }
 
 func (e *replayError) Error() string { return "replayed body of event " + e.original }
+
+// errGuardBusy is returned by a guarded handler that gave up waiting for a
+// concurrent delivery of the same body; its transaction rolls back.
+var errGuardBusy = errors.New("replay guard: a delivery of the same body is in flight")
+
+// guardRetryAfter is the Retry-After answered with errGuardBusy.
+const guardRetryAfter = 2 * time.Second
 
 // guardTx wraps a transactional handler with the replay guard's check, run
 // in the transaction that has just inserted the delivery's key and hash.
@@ -336,7 +356,11 @@ func (e *Endpoint) guardTx(h txhook.HandlerFunc) txhook.HandlerFunc {
 			PayloadHash:   ev.PayloadHash,
 			EventKey:      ev.Key,
 			WindowSeconds: e.window,
+			LockTimeout:   e.guardWait,
 		})
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
+			return errGuardBusy
+		}
 		if err != nil {
 			return fmt.Errorf("check replay: %w", err)
 		}

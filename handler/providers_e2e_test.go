@@ -402,3 +402,54 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e.post(gh, huge, "X-GitHub-Delivery", "d-huge", "X-GitHub-Event", "push").want(t, 413, "error", "too_large")
 	e.wantCounts(1, 1)
 }
+
+// TestReplayGuardWaitIsBounded: a second body-identical delivery under
+// another key waits at most ReplayLockTimeout for the first, then is
+// answered in flight (never 2xx) with nothing written; once the first has
+// committed, its retry is answered as a replay.
+func TestReplayGuardWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	gh := &handler.GitHub{Secrets: []string{"gh"}}
+	started, release := make(chan struct{}), make(chan struct{})
+	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 100 * time.Millisecond,
+		Routes: map[string]handler.Route{
+			"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+				if ev.Key == "d-1" {
+					close(started)
+					<-release
+				}
+				return record(ctx, tx, ev)
+			}),
+		}}, nil, false)
+	body := `{"ref":"refs/heads/main","after":"def"}`
+	first := make(chan response, 1)
+	go func() {
+		h := hdr("X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push")
+		if err := gh.Sign(h, []byte(body), now); err != nil {
+			t.Error(err)
+		}
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, e.srv.URL, strings.NewReader(body))
+		req.Header = h
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Error(err)
+			first <- response{}
+			return
+		}
+		defer resp.Body.Close()
+		var m map[string]string
+		json.NewDecoder(resp.Body).Decode(&m)
+		first <- response{status: resp.StatusCode, body: m}
+	}()
+	<-started
+	r := e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push")
+	r.want(t, http.StatusConflict, "error", "in_flight")
+	if r.header.Get("Retry-After") == "" {
+		t.Error("in-flight answer without Retry-After")
+	}
+	close(release)
+	(<-first).want(t, 200, "status", "processed")
+	e.wantCounts(1, 1)
+	e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+	e.wantCounts(1, 1)
+}

@@ -15,5 +15,6 @@ SELECT coalesce(txhook_find_replay(
     sqlc.arg(source)::text,
     sqlc.arg(payload_hash)::bytea,
     sqlc.arg(event_key)::text,
-    sqlc.arg(window_seconds)::double precision
+    sqlc.arg(window_seconds)::double precision,
+    sqlc.arg(lock_timeout)::text
 ), '')::text AS event_key;
