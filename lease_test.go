@@ -819,3 +819,52 @@ func TestLeasePanicReleasesClaim(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseNoTakeoverDuringPhaseTwo: phase two marks the row done first,
+// which locks it; a delivery arriving after the lease ended but before COMMIT
+// waits for that lock instead of taking over, and then finds the event done.
+func TestLeaseNoTakeoverDuringPhaseTwo(t *testing.T) {
+	t.Parallel()
+	b := leaseSetup(t)
+	ev := leaseEvent("evt_phase_two")
+	var other txhook.Result
+	var otherErr error
+	otherDone := make(chan struct{})
+	h := txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		if err := b.api.charge(ctx, c.IdempotencyKey("charge")); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, tx pgx.Tx) error {
+			if err := recordEffect(ev.Key, "first")(ctx, tx); err != nil {
+				return err
+			}
+			// Let the lease run out as seen by other connections.
+			until(t, "lease end", func() bool {
+				var ended bool
+				err := b.pool.QueryRow(ctx, `SELECT lease_expires_at < clock_timestamp() FROM txhook_processed_events
+					WHERE source = 'test' AND event_key = $1`, ev.Key).Scan(&ended)
+				return err == nil && ended
+			})
+			go func() {
+				defer close(otherDone)
+				other, otherErr = b.p.ProcessLease(context.Background(), ev, txhook.LeaseHandler{Work: b.chargeAndRecord("second")})
+			}()
+			until(t, "the second delivery to wait for the row lock", func() bool {
+				var n int
+				err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+				return err == nil && n > 0
+			})
+			return nil
+		}, nil
+	}}
+	b.mustLease(t, ev, h, txhook.OutcomeProcessed)
+	<-otherDone
+	if otherErr != nil || other.Outcome != txhook.OutcomeDuplicate {
+		t.Errorf("delivery during phase two = %v, %v; want duplicate", other, otherErr)
+	}
+	if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "first" {
+		t.Errorf("effects = %v, want the first delivery's only", got)
+	}
+	b.api.wantCalls(t, txhook.IdempotencyKey("test", ev.Key, "charge"), 1)
+}
