@@ -83,7 +83,7 @@ type Config struct {
 	// transaction, and needs DB only to check other routes before they run:
 	// it is required when the guard is on and a route or the fallback is
 	// not a Tx route.
-	DB db.DBTX
+	DB txhook.Querier
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Observer, if set, receives a Report per delivery (for metrics).
