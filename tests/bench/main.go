@@ -44,6 +44,7 @@ func main() {
 	flag.DurationVar(&o.duration, "d", 5*time.Second, "measured time per cell")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per cell")
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
+	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.Parse()
 	for s := range strings.SplitSeq(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -68,6 +69,7 @@ type options struct {
 	duration time.Duration
 	warmup   time.Duration
 	micro    bool
+	profile  bool
 	dbURL    string
 }
 

@@ -147,6 +147,9 @@ func (r *report) markdown() string {
 	p("  crash between the two loses the event); pgxpool of c connections.")
 	p("- **%s**: `Processor.Process` called directly with the example's handler (JSON decode and the same", scenLibrary)
 	p("  writes through its sqlc queries); pgxpool of c connections.")
+	p("- **%s**: the same statements written directly with pgx, no txhook: what a Go client of the limit costs.", scenRawPgx)
+	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip). Not a correct", scenBatchPgx)
+	p("  receiver (the writes do not wait for the dedupe answer); it shows what one round trip per event would give.")
 	p("- **%s**: `Process` on events already processed (what a provider's retry storm after an outage costs).", scenLibraryDup)
 	p("- **%s**: the stripe-orders example as a separate process, driven by a Go load generator over HTTP/1.1", scenHTTP)
 	p("  keep-alive connections with real Stripe signatures (fresh timestamp and HMAC per request); the example logs one")
@@ -194,6 +197,9 @@ func (r *report) markdown() string {
 		{"txhook HTTP / limit", scenHTTP, scenLimit},
 		{"baseline pgx HTTP / limit", scenBaselineHTTP, scenLimit},
 		{"naive dedupe / limit", scenNaive, scenLimit},
+		{"pgx, same SQL / limit", scenRawPgx, scenLimit},
+		{"txhook library / pgx, same SQL", scenLibrary, scenRawPgx},
+		{"pgx batch / limit", scenBatchPgx, scenLimit},
 		{"duplicate storm / new events (library)", scenLibraryDup, scenLibrary},
 		{"duplicate storm / new events (HTTP)", scenHTTPDup, scenHTTP},
 		{"txhook HTTP / baseline pgx HTTP", scenHTTP, scenBaselineHTTP},
@@ -233,27 +239,53 @@ func (r *report) markdown() string {
 	p("")
 	p("## Where the time goes")
 	p("")
+	p("CPU per event (ms), summed over the load generator, the receiver and the rest of the machine:")
+	p("")
+	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
+	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
+	for _, s := range []string{scenLimit, scenBatchPgx, scenRawPgx, scenLibrary, scenNaive, scenLibraryDup, scenBaselineHTTP, scenHTTP, scenHTTPDup} {
+		var vals []string
+		for _, c := range r.opts.conc {
+			x, ok := r.find(s, c)
+			if !ok {
+				vals = append(vals, "—")
+				continue
+			}
+			vals = append(vals, fmt.Sprintf("%.2f", x.CPU.Client+x.CPU.Receiver+x.CPU.Rest))
+		}
+		p("| %s | %s |", s, strings.Join(vals, " | "))
+	}
+	p("")
+	p("When the CPUs are saturated, events/s is the machine's CPU divided by these figures, so a row's ratio to the")
+	p("limit is roughly the limit's CPU per event over the row's.")
 	for _, c := range r.opts.conc {
 		lim, ok1 := r.find(scenLimit, c)
-		lib, ok2 := r.find(scenLibrary, c)
-		hp, ok3 := r.find(scenHTTP, c)
-		base, ok4 := r.find(scenBaselineHTTP, c)
-		if !ok1 || !ok2 || !ok3 || !ok4 {
+		raw, ok2 := r.find(scenRawPgx, c)
+		lib, ok3 := r.find(scenLibrary, c)
+		if !ok1 || !ok2 || !ok3 {
 			continue
 		}
-		p("- c=%d: the limit costs %.2f ms of CPU per event (pgbench %.2f, PostgreSQL and the rest %.2f). The library costs %.2f",
-			c, lim.CPU.Client+lim.CPU.Rest, lim.CPU.Client, lim.CPU.Rest, lib.CPU.Client+lib.CPU.Rest)
-		p("  (Go client %.2f, rest %.2f). txhook HTTP costs %.2f (load generator %.2f, example %.2f, rest %.2f); the baseline",
-			lib.CPU.Client, lib.CPU.Rest, hp.CPU.Client+hp.CPU.Receiver+hp.CPU.Rest, hp.CPU.Client, hp.CPU.Receiver, hp.CPU.Rest)
-		p("  receiver costs %.2f (load generator %.2f, receiver %.2f, rest %.2f).",
-			base.CPU.Client+base.CPU.Receiver+base.CPU.Rest, base.CPU.Client, base.CPU.Receiver, base.CPU.Rest)
+		p("- c=%d: pgbench spends %.2f ms per event in the client and %.2f in the rest; pgx with the same SQL %.2f and %.2f;",
+			c, lim.CPU.Client, lim.CPU.Rest, raw.CPU.Client, raw.CPU.Rest)
+		p("  the txhook library %.2f and %.2f. txhook's own cost over plain pgx: %+.2f ms per event.",
+			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
 	if r.profile != "" {
 		p("")
-		p("CPU profile of the measuring process during the txhook library row at concurrency %d (`go tool pprof -top`):", r.profConc)
+		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)
+		p("the measurements (`go tool pprof -top`):")
 		p("")
 		p("```")
 		p("%s", strings.TrimSpace(r.profile))
+		p("```")
+	}
+	if r.httpProfile != "" {
+		p("")
+		p("CPU profile of the stripe-orders example under the txhook HTTP load at concurrency %d (a build of the example", r.profConc)
+		p("with a profiling file added through `go build -overlay`; its first seconds, startup included):")
+		p("")
+		p("```")
+		p("%s", strings.TrimSpace(r.httpProfile))
 		p("```")
 	}
 	if r.micro != "" {

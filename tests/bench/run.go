@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -37,6 +36,8 @@ const (
 	scenHTTP         = "txhook HTTP"
 	scenHTTPDup      = "duplicate storm (HTTP)"
 	scenBaselineHTTP = "baseline pgx HTTP"
+	scenRawPgx       = "pgx, same SQL, no txhook"
+	scenBatchPgx     = "pgx batch, 1 round trip"
 )
 
 // customers is how many customers the events are spread over.
@@ -46,16 +47,17 @@ const stripeOrdersPkg = "github.com/txhook/txhook/examples/stripe-orders"
 
 // report is everything the run measured, for writing BENCHMARKS.md.
 type report struct {
-	started  time.Time
-	finished time.Time
-	opts     options
-	machine  []string
-	pgInfo   []string
-	cells    []cell
-	profile  string // pprof -top of the library at the profiled concurrency
-	profConc int
-	micro    string
-	payload  int
+	started     time.Time
+	finished    time.Time
+	opts        options
+	machine     []string
+	pgInfo      []string
+	cells       []cell
+	profile     string // pprof -top of the library at profConc
+	httpProfile string // pprof -top of the example under HTTP load at profConc
+	profConc    int
+	micro       string
+	payload     int
 }
 
 func run(ctx context.Context, o options) error {
@@ -117,14 +119,11 @@ func run(ctx context.Context, o options) error {
 			}
 			rep.add(res)
 		}
-		cells, prof, err := inProcess(ctx, o, dbURL, c, c == profileConcurrency)
+		cells, err := inProcess(ctx, o, dbURL, c)
 		if err != nil {
 			return err
 		}
 		rep.add(cells...)
-		if prof != "" {
-			rep.profile, rep.profConc = prof, c
-		}
 		for _, recv := range []struct {
 			name string
 			bin  string
@@ -133,11 +132,20 @@ func run(ctx context.Context, o options) error {
 			{scenHTTP, exampleBin, nil},
 			{scenBaselineHTTP, self, []string{baselineEnv + "=1"}},
 		} {
-			cells, err := overHTTP(ctx, o, dbURL, c, recv.name, recv.bin, recv.env)
+			cells, err := overHTTP(ctx, o, dbURL, c, recv.name, recv.bin, recv.env, "")
 			if err != nil {
 				return err
 			}
 			rep.add(cells...)
+		}
+	}
+	if o.profile {
+		rep.profConc = profileConcurrency
+		if rep.profile, err = profileLibrary(ctx, dbURL, profileConcurrency); err != nil {
+			logf("profile the library: %v", err)
+		}
+		if rep.httpProfile, err = profileExample(ctx, o, dbURL, dir, profileConcurrency); err != nil {
+			logf("profile the example: %v", err)
 		}
 	}
 	if o.micro {
@@ -152,9 +160,6 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-// profileConcurrency is the concurrency at which the library is profiled.
-const profileConcurrency = 8
-
 func (r *report) add(cells ...cell) {
 	for _, c := range cells {
 		logf("  %-26s c=%-3d %8.0f events/s  p50 %-9v p99 %-9v errors %d", c.Scenario, c.Concurrency, c.rate(),
@@ -165,21 +170,12 @@ func (r *report) add(cells ...cell) {
 
 // inProcess measures the naive dedupe, the library and the library's
 // duplicate path at concurrency c, each with a pool of c connections.
-func inProcess(ctx context.Context, o options, dbURL string, c int, profile bool) ([]cell, string, error) {
-	cfg, err := pgxpool.ParseConfig(dbURL)
+func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, error) {
+	pool, proc, err := openPool(ctx, dbURL, c)
 	if err != nil {
-		return nil, "", fmt.Errorf("parse database URL: %w", err)
-	}
-	cfg.MaxConns, cfg.MinConns = int32(c), int32(c)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("connect: %w", err)
+		return nil, err
 	}
 	defer pool.Close()
-	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
-	if err != nil {
-		return nil, "", err
-	}
 	var out []cell
 
 	src := eventSource{prefix: "naive" + strconv.Itoa(c), customers: customers}
@@ -192,27 +188,30 @@ func inProcess(ctx context.Context, o options, dbURL string, c int, profile bool
 		return processNaive(ctx, pool, key, body)
 	}))
 
+	for _, x := range []struct {
+		name, prefix string
+		fn           func(context.Context, *pgxpool.Pool, string, []byte) error
+	}{{scenRawPgx, "raw", processRawPgx}, {scenBatchPgx, "batch", processBatchPgx}} {
+		src := eventSource{prefix: x.prefix + strconv.Itoa(c), customers: customers}
+		next := make([]int, c)
+		checkpoint(ctx, dbURL)
+		logf("c=%d %s", c, x.name)
+		out = append(out, measure(ctx, x.name, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
+			key, body := src.next(w, next[w])
+			next[w]++
+			return x.fn(ctx, pool, key, body)
+		}))
+	}
+
 	src = eventSource{prefix: "lib" + strconv.Itoa(c), customers: customers}
 	next = make([]int, c)
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenLibrary)
-	var prof string
-	libOp := func(ctx context.Context, w int) error {
+	out = append(out, measure(ctx, scenLibrary, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
 		next[w]++
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
-	}
-	if profile {
-		var err error
-		var cl cell
-		cl, prof, err = profiled(func() cell { return measure(ctx, scenLibrary, c, o.warmup, o.duration, 0, libOp) })
-		if err != nil {
-			logf("profile: %v", err)
-		}
-		out = append(out, cl)
-	} else {
-		out = append(out, measure(ctx, scenLibrary, c, o.warmup, o.duration, 0, libOp))
-	}
+	}))
 
 	done := next
 	checkpoint(ctx, dbURL)
@@ -225,33 +224,36 @@ func inProcess(ctx context.Context, o options, dbURL string, c int, profile bool
 		key, body := src.next(dw, rand.IntN(done[dw]))
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeDuplicate)
 	}))
-	return out, prof, nil
+	return out, nil
 }
 
-// profiled runs f under the CPU profiler and returns pprof's top functions.
-func profiled(f func() cell) (cell, string, error) {
-	fh, err := os.CreateTemp("", "txhook-bench-cpu-")
+// openPool opens a pool of c connections and a processor on it configured
+// as the example configures its own.
+func openPool(ctx context.Context, dbURL string, c int) (*pgxpool.Pool, *txhook.Processor, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return f(), "", err
+		return nil, nil, fmt.Errorf("parse database URL: %w", err)
 	}
-	defer os.Remove(fh.Name())
-	if err := pprof.StartCPUProfile(fh); err != nil {
-		fh.Close()
-		return f(), "", err
-	}
-	c := f()
-	pprof.StopCPUProfile()
-	fh.Close()
-	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", fh.Name()).CombinedOutput()
+	cfg.MaxConns, cfg.MinConns = int32(c), int32(c)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return c, "", fmt.Errorf("go tool pprof: %w: %s", err, out)
+		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
-	return c, string(out), nil
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, proc, nil
 }
 
 // overHTTP starts a receiver (the example, or the baseline) and measures new
 // events through it, then, for the example, redeliveries of those events.
-func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string) ([]cell, error) {
+//
+// With cpuProfile set, the receiver (a build with the profiling overlay)
+// writes a CPU profile of its first seconds there, and only new events are
+// sent.
+func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) ([]cell, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -260,6 +262,12 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=")
+	if cpuProfile != "" {
+		// Stop the profile before the load does, so that it is complete
+		// when the receiver is stopped.
+		secs := max(1, int((o.warmup+o.duration).Seconds())-1)
+		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(secs))
+	}
 	// The example logs every delivery: to a file, so that reading it costs
 	// this process nothing.
 	errLog, err := os.CreateTemp("", "txhook-bench-receiver-")
@@ -330,7 +338,7 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 	})
 	cl.AllocsPerEvent = -1
 	out = append(out, cl)
-	if env != nil {
+	if env != nil || cpuProfile != "" {
 		return out, nil
 	}
 	done := next

@@ -125,3 +125,46 @@ func processNaive(ctx context.Context, pool *pgxpool.Pool, key string, body []by
 		return applyCheckout(ctx, ordersdb.New(tx), c)
 	})
 }
+
+// insertEventSQL is the dedupe step as txhook's sqlc query sends it.
+const insertEventSQL = `SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
+FROM txhook_insert_event($1::text, $2::text, $3::text, $4::bytea, $5::bytea, $6::text)`
+
+// processRawPgx sends the same statements as the library, written directly
+// with pgx and no txhook: what the client side of the limit costs in Go.
+func processRawPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []byte) error {
+	c, err := decodeCheckout(body)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var status string
+		var lease pgtype.Timestamptz
+		if err := tx.QueryRow(ctx, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms").Scan(&status, &lease); err != nil {
+			return fmt.Errorf("insert event: %w", err)
+		}
+		return applyCheckout(ctx, ordersdb.New(tx), c)
+	})
+}
+
+// processBatchPgx sends the same statements in one round trip (a pgx batch
+// wrapped in BEGIN and COMMIT). It is not a correct receiver (the writes do
+// not wait for the dedupe step's answer); it shows what one round trip per
+// event would cost.
+func processBatchPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []byte) error {
+	c, err := decodeCheckout(body)
+	if err != nil {
+		return err
+	}
+	o := c.Data.Object
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms")
+	b.Queue("INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ($1, $2, $3) ON CONFLICT (checkout_session_id) DO NOTHING",
+		o.ID, o.Customer, *o.AmountTotal)
+	b.Queue(`INSERT INTO customers AS c (id, total_spent) VALUES ($1, $2::bigint)
+		ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent`,
+		*o.Customer, *o.AmountTotal)
+	b.Queue("COMMIT")
+	return pool.SendBatch(ctx, b).Close()
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/txhook/txhook"
+)
+
+// Profiles are taken in a separate short run after the measurements, so
+// that the profiler's overhead touches no figure in the tables.
+const (
+	profileConcurrency = 8
+	profileDuration    = 4 * time.Second
+)
+
+// profileLibrary profiles this process while it runs the library at
+// concurrency c and returns pprof's top functions.
+func profileLibrary(ctx context.Context, dbURL string, c int) (string, error) {
+	logf("c=%d profiling %s", c, scenLibrary)
+	pool, proc, err := openPool(ctx, dbURL, c)
+	if err != nil {
+		return "", err
+	}
+	defer pool.Close()
+	fh, err := os.CreateTemp("", "txhook-bench-cpu-")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(fh.Name())
+	defer fh.Close()
+	src := eventSource{prefix: "prof" + strconv.Itoa(c), customers: customers}
+	next := make([]int, c)
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		return "", err
+	}
+	measure(ctx, scenLibrary, c, 0, profileDuration, 0, func(ctx context.Context, w int) error {
+		key, body := src.next(w, next[w])
+		next[w]++
+		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
+	})
+	pprof.StopCPUProfile()
+	return pprofTop(fh.Name())
+}
+
+// Environment of the profiling build of the example.
+const (
+	profileEnv        = "TXHOOK_BENCH_CPUPROFILE"
+	profileSecondsEnv = "TXHOOK_BENCH_CPUPROFILE_SECONDS"
+)
+
+// profileOverlay is added to the example's package, only in the profiling
+// build (go build -overlay): it profiles the process from its start for
+// the given number of seconds. The example's own files are untouched.
+const profileOverlay = `package main
+
+import (
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"time"
+)
+
+func init() {
+	path := os.Getenv("` + profileEnv + `")
+	secs, _ := strconv.Atoi(os.Getenv("` + profileSecondsEnv + `"))
+	if path == "" || secs <= 0 {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return
+	}
+	time.AfterFunc(time.Duration(secs)*time.Second, func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	})
+}
+`
+
+// profileExample builds the example with the profiling overlay, runs the
+// txhook HTTP load against it at concurrency c, and returns pprof's top
+// functions of the example's process.
+func profileExample(ctx context.Context, o options, dbURL, dir string, c int) (string, error) {
+	root, err := filepath.Abs(o.root)
+	if err != nil {
+		return "", err
+	}
+	src := filepath.Join(dir, "profile_overlay.go")
+	if err := os.WriteFile(src, []byte(profileOverlay), 0o644); err != nil {
+		return "", err
+	}
+	overlay, err := json.Marshal(map[string]map[string]string{
+		"Replace": {filepath.Join(root, "examples", "stripe-orders", "zz_bench_profile.go"): src},
+	})
+	if err != nil {
+		return "", err
+	}
+	overlayPath := filepath.Join(dir, "overlay.json")
+	if err := os.WriteFile(overlayPath, overlay, 0o644); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "stripe-orders-profiled")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-overlay", overlayPath, "-o", bin, stripeOrdersPkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build with profiling overlay: %w\n%s", err, out)
+	}
+	prof := filepath.Join(dir, "example.cpu")
+	po := o
+	po.warmup, po.duration = 0, profileDuration
+	logf("c=%d profiling %s", c, scenHTTP)
+	if _, err := overHTTP(ctx, po, dbURL, c, scenHTTP, bin, nil, prof); err != nil {
+		return "", err
+	}
+	// The profile is written when its time is up: wait for the file.
+	for range 50 {
+		if st, err := os.Stat(prof); err == nil && st.Size() > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return pprofTop(prof)
+}
+
+// profileAreas group a profile's samples by what their stacks contain. A
+// sample may count in several areas (pgx's reads are also syscalls).
+var profileAreas = []struct{ label, focus string }{
+	{"pgx (building, sending, reading queries)", `github\.com/jackc/pgx`},
+	{"net/http server and client", `^net/http\.`},
+	{"encoding/json", `^encoding/json\.`},
+	{"log/slog (one line per delivery)", `^log/slog\.`},
+	{"crypto (HMAC-SHA256)", `^crypto/`},
+	{"system calls (network reads and writes, file writes)", `Syscall6|syscall\.Syscall|RawSyscall`},
+	{"Go scheduler (goroutine wake-ups)", `^runtime\.(schedule|findRunnable|park_m|futex)`},
+	{"garbage collector and allocation", `^runtime\.(gcBgMarkWorker|mallocgc|gcDrain|bgsweep|scanobject)`},
+}
+
+var pprofShareRe = regexp.MustCompile(`Showing nodes accounting for [^,]+, ([0-9.]+)% of`)
+
+// pprofTop returns, for the profile at path, the share of CPU samples in
+// each area and pprof's top functions by cumulative time.
+func pprofTop(path string) (string, error) {
+	var b strings.Builder
+	b.WriteString("share of CPU samples whose stack contains:\n")
+	for _, a := range profileAreas {
+		out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=100000", "-focus="+a.focus, path).CombinedOutput()
+		share := "0"
+		if m := pprofShareRe.FindSubmatch(out); err == nil && m != nil {
+			share = string(m[1])
+		}
+		fmt.Fprintf(&b, "  %6s%%  %s\n", share, a.label)
+	}
+	all, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=100000", path).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %w: %s", err, all)
+	}
+	fmt.Fprintf(&b, "  %6.2f%%  txhook's own code (root package, handler/, db/: time in its functions, not below them)\n", flatShare(all, "github.com/txhook/txhook."))
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-cum", "-nodecount=30", path).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %w: %s", err, out)
+	}
+	b.WriteString("\n")
+	b.Write(out)
+	return b.String(), nil
+}
+
+// flatShare sums the flat% of the functions in pprof -top output whose
+// names start with prefix, or with prefix's module path followed by
+// /handler. or /db.
+func flatShare(top []byte, prefix string) float64 {
+	mod := strings.TrimSuffix(prefix, ".")
+	var sum float64
+	for line := range strings.SplitSeq(string(top), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.HasSuffix(f[1], "%") {
+			continue
+		}
+		name := strings.Join(f[5:], " ")
+		if !strings.HasPrefix(name, prefix) && !strings.HasPrefix(name, mod+"/handler.") && !strings.HasPrefix(name, mod+"/db.") {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSuffix(f[1], "%"), 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
