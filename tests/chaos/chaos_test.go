@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/txhook/txhook"
+	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
@@ -54,5 +57,61 @@ func TestChaosShort(t *testing.T) {
 	}
 	if res.DuplicatesInjected == 0 || res.Deliveries <= int64(res.Events) {
 		t.Errorf("deliveries = %d with %d duplicates injected for %d events: no duplicates were sent", res.Deliveries, res.DuplicatesInjected, res.Events)
+	}
+}
+
+// TestVerifyFindsLossAndDuplicates shows that the final check can fail: on
+// a database where one acknowledged checkout has no key and no order and
+// another was applied to its customer's total twice, it reports both.
+func TestVerifyFindsLossAndDuplicates(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := t.Context()
+	if err := examplemigrations.Up(ctx, db.URL); err != nil {
+		t.Fatal(err)
+	}
+	tag := "tv"
+	ev := func(i int, amount int64) *event {
+		e := &event{id: fmt.Sprintf("evt_%s_%d", tag, i), kind: kindCheckout, object: fmt.Sprintf("cs_%s_%d", tag, i),
+			customer: "cus_" + tag + "_0", amount: amount}
+		e.acked.Store(true)
+		return e
+	}
+	events := []*event{ev(1, 100), ev(2, 200), ev(3, 400)}
+	// Events 1 and 2 committed, event 3 acknowledged but never committed,
+	// and the total holds 100 + 200 + 200: event 2 applied twice. Sums
+	// alone show only a shortfall (500 < 700); the per-event checks name
+	// event 3.
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO txhook_processed_events (source, event_key, status, completed_at)
+		VALUES ('stripe', 'evt_tv_1', 'done', now()), ('stripe', 'evt_tv_2', 'done', now());
+		INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_tv_1', 'cus_tv_0', 100), ('cs_tv_2', 'cus_tv_0', 200);
+		INSERT INTO customers (id, total_spent) VALUES ('cus_tv_0', 500);`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res result
+	if err := verify(ctx, db.URL, tag, events, nil, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Lost != 2 || res.Duplicated != 0 || !strings.Contains(strings.Join(res.Problems, "\n"), "evt_tv_3 was acknowledged") {
+		t.Fatalf("lost = %d, duplicated = %d, want 2 (event 3 and the customer's total) and 0; problems %q", res.Lost, res.Duplicated, res.Problems)
+	}
+
+	// Now the total counts event 2 twice and event 3 is committed: a
+	// duplicate and no loss.
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO txhook_processed_events (source, event_key, status, completed_at) VALUES ('stripe', 'evt_tv_3', 'done', now());
+		INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_tv_3', 'cus_tv_0', 400);
+		UPDATE customers SET total_spent = 900 WHERE id = 'cus_tv_0';`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = result{}
+	if err := verify(ctx, db.URL, tag, events, nil, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Lost != 0 || res.Duplicated != 1 {
+		t.Fatalf("lost = %d, duplicated = %d, want 0 and 1; problems %q", res.Lost, res.Duplicated, res.Problems)
 	}
 }
