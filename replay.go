@@ -28,20 +28,33 @@ var (
 // false when it has none.
 type HandlerLookup func(eventType string) (HandlerFunc, bool)
 
+// LeaseLookup returns the application's lease-mode handler for an event
+// type, and false when it has none.
+type LeaseLookup func(eventType string) (LeaseHandler, bool)
+
 // ReplayerConfig configures a Replayer. The zero value (or nil) gives the
 // defaults.
 type ReplayerConfig struct {
 	// Tx configures the replay transactions. Defaults to the zero TxOptions.
 	Tx *TxOptions
+	// LeaseLookup, with Processor, lets the Replayer replay events of
+	// lease-mode types: an event whose type the transactional lookup does
+	// not know but LeaseLookup does is replayed with Processor.ReplayLease.
+	// Defaults to nil: transactional handlers only.
+	LeaseLookup LeaseLookup
+	// Processor runs lease-mode replays. Required with LeaseLookup.
+	Processor *Processor
 }
 
 // Replayer runs failed events (dead letters) again through the
 // application's handlers, from their stored payloads, with the same
 // exactly-once rules as a delivery. It is safe for concurrent use.
 type Replayer struct {
-	db     Beginner
-	lookup HandlerLookup
-	txOpts TxOptions
+	db          Beginner
+	lookup      HandlerLookup
+	leaseLookup LeaseLookup
+	proc        *Processor
+	txOpts      TxOptions
 }
 
 // NewReplayer returns a Replayer that replays events in db with the handlers
@@ -57,7 +70,11 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 	if cfg != nil {
 		c = *cfg
 	}
-	return &Replayer{db: db, lookup: lookup, txOpts: c.Tx.withDefaults()}, nil
+	if c.LeaseLookup != nil && c.Processor == nil {
+		return nil, errors.New("txhook: new replayer: LeaseLookup needs Processor")
+	}
+	return &Replayer{db: db, lookup: lookup, leaseLookup: c.LeaseLookup, proc: c.Processor,
+		txOpts: c.Tx.withDefaults()}, nil
 }
 
 // Replay runs the failed event source/key through the handler for its type.
@@ -78,7 +95,16 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 // without a handler (ErrNoHandler), or the handler returned an error that is
 // not permanent, which rolls everything back and leaves the event failed as
 // it was. A *CommitUnknownError means the outcome cannot be known.
+//
+// An event of a lease-mode type (see ReplayerConfig.LeaseLookup) is replayed
+// with Processor.ReplayLease instead, under a new claim; its outcomes are
+// those of ProcessLease.
 func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, error) {
+	if r.leaseLookup != nil {
+		if res, ok, err := r.replayLease(ctx, source, key); ok {
+			return res, err
+		}
+	}
 	var res Result
 	err := RunTx(ctx, r.db, &r.txOpts, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
@@ -92,6 +118,37 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 		return res, nil
 	}
 	return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+}
+
+// replayLease replays a failed event of a lease-mode type. ok is false when
+// the event is not one: the transactional path then decides.
+func (r *Replayer) replayLease(ctx context.Context, source, key string) (res Result, ok bool, err error) {
+	var row db.TxhookProcessedEvent
+	err = RunTx(ctx, r.db, &TxOptions{AccessMode: pgx.ReadOnly, FinishTimeout: r.txOpts.FinishTimeout},
+		func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			row, err = db.New(tx).GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
+			return err
+		})
+	if err != nil || row.Status != statusFailed {
+		return Result{}, false, nil // not found, or not failed: as the transactional path says
+	}
+	if _, isTx := r.lookup(row.EventType); isTx {
+		return Result{}, false, nil
+	}
+	h, isLease := r.leaseLookup(row.EventType)
+	if !isLease {
+		return Result{}, false, nil
+	}
+	if row.Payload == nil {
+		return Result{}, true, fmt.Errorf("replay %s/%s: %w", source, key, ErrNoPayload)
+	}
+	ev := Event{Source: row.Source, Key: row.EventKey, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
+	res, err = r.proc.ReplayLease(ctx, ev, h)
+	if err != nil {
+		return Result{}, true, fmt.Errorf("replay %s/%s: %w", source, key, err)
+	}
+	return res, true, nil
 }
 
 func (r *Replayer) replayTx(ctx context.Context, tx pgx.Tx, source, key string) (Result, error) {

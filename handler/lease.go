@@ -30,3 +30,18 @@ func (r *LeaseRoute) Apply(ctx context.Context, p *txhook.Processor, ev txhook.E
 // LeaseHandler returns the route's handler, for replaying recorded events
 // with Processor.ReplayLease.
 func (r *LeaseRoute) LeaseHandler() txhook.LeaseHandler { return r.Handler }
+
+// LeaseHandler returns the lease-mode handler of the route for eventType
+// (its route's, else the fallback's), for replaying recorded events; see
+// txhook.ReplayerConfig.LeaseLookup.
+func (e *Endpoint) LeaseHandler(eventType string) (txhook.LeaseHandler, bool) {
+	r, ok := e.Route(eventType)
+	if !ok {
+		return txhook.LeaseHandler{}, false
+	}
+	lr, ok := r.(interface{ LeaseHandler() txhook.LeaseHandler })
+	if !ok {
+		return txhook.LeaseHandler{}, false
+	}
+	return lr.LeaseHandler(), true
+}
