@@ -42,13 +42,25 @@ const TableName = "txhook_schema_migrations"
 // (a PostgreSQL URL or keyword/value string). Nothing left to apply is not an
 // error.
 func Up(ctx context.Context, databaseURL string) error {
-	return run(ctx, databaseURL, "up", func(m *migrate.Migrate) error { return m.Up() })
+	return UpFS(ctx, databaseURL, FS, TableName)
+}
+
+// UpFS applies the golang-migrate files in fsys (NNNN_name.up.sql at its
+// root) with the same machinery, recording them in table: for an
+// application that keeps its own schema beside txhook's, each with its own
+// migrations table. Like Up, it is safe when several instances call it at
+// once, and nothing left to apply is not an error.
+func UpFS(ctx context.Context, databaseURL string, fsys fs.FS, table string) error {
+	if table == "" {
+		return errors.New("migrate up: empty migrations table name")
+	}
+	return run(ctx, databaseURL, fsys, table, "up", func(m *migrate.Migrate) error { return m.Up() })
 }
 
 // Down rolls back the n most recently applied migrations; n <= 0 rolls back
 // all of them, dropping txhook's tables and every event they record.
 func Down(ctx context.Context, databaseURL string, n int) error {
-	return run(ctx, databaseURL, "down", func(m *migrate.Migrate) error {
+	return run(ctx, databaseURL, FS, TableName, "down", func(m *migrate.Migrate) error {
 		if n <= 0 {
 			return m.Down()
 		}
@@ -59,7 +71,7 @@ func Down(ctx context.Context, databaseURL string, n int) error {
 // Version reports the applied migration version (0 when none is applied) and
 // whether the last migration failed halfway (dirty), which needs an operator.
 func Version(ctx context.Context, databaseURL string) (version uint, dirty bool, err error) {
-	err = run(ctx, databaseURL, "version", func(m *migrate.Migrate) error {
+	err = run(ctx, databaseURL, FS, TableName, "version", func(m *migrate.Migrate) error {
 		var verr error
 		version, dirty, verr = m.Version()
 		if errors.Is(verr, migrate.ErrNilVersion) {
@@ -93,7 +105,7 @@ func Latest() (uint, error) {
 	}
 }
 
-func run(ctx context.Context, databaseURL, verb string, fn func(*migrate.Migrate) error) error {
+func run(ctx context.Context, databaseURL string, fsys fs.FS, table, verb string, fn func(*migrate.Migrate) error) error {
 	if databaseURL == "" {
 		return fmt.Errorf("migrate %s: empty database URL", verb)
 	}
@@ -105,11 +117,11 @@ func run(ctx context.Context, databaseURL, verb string, fn func(*migrate.Migrate
 	if err := sqlDB.PingContext(ctx); err != nil {
 		return fmt.Errorf("migrate %s: connect: %w", verb, err)
 	}
-	driver, err := pgx.WithInstance(sqlDB, &pgx.Config{MigrationsTable: TableName})
+	driver, err := pgx.WithInstance(sqlDB, &pgx.Config{MigrationsTable: table})
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", verb, err)
 	}
-	src, err := iofs.New(FS, ".")
+	src, err := iofs.New(fsys, ".")
 	if err != nil {
 		return fmt.Errorf("migrate %s: open migrations: %w", verb, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
@@ -128,5 +129,37 @@ func TestUpRejectsBadURL(t *testing.T) {
 	}
 	if err := migrations.Up(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
 		t.Error("unreachable database accepted")
+	}
+}
+
+// An application's own migrations run through UpFS with their own table,
+// independently of txhook's.
+func TestUpFSAppliesApplicationMigrations(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	app := fstest.MapFS{
+		"0001_widgets.up.sql":   {Data: []byte("CREATE TABLE widgets (id int PRIMARY KEY);")},
+		"0001_widgets.down.sql": {Data: []byte("DROP TABLE widgets;")},
+	}
+	if err := migrations.UpFS(ctx, d.URL, app, ""); err == nil {
+		t.Error("empty table name accepted")
+	}
+	for range 2 {
+		if err := migrations.UpFS(ctx, d.URL, app, "app_schema_migrations"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !tableExists(t, d, "widgets") || !tableExists(t, d, "app_schema_migrations") {
+		t.Fatal("UpFS did not apply the application's migration into its own table")
+	}
+	if tableExists(t, d, migrations.TableName) {
+		t.Error("UpFS touched txhook's migrations table")
+	}
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := migrations.Version(ctx, d.URL); err != nil || v == 0 {
+		t.Errorf("txhook version = %d, %v after the application's migrations", v, err)
 	}
 }
