@@ -129,35 +129,36 @@ func split(a, b cpuSample, n int64, client time.Duration) cpuSplit {
 type opFunc func(ctx context.Context, w int) error
 
 // measure runs op on c workers for warmup plus d and measures the
-// operations that start after the warmup and end before the deadline.
+// operations that complete in the window [warmup, warmup+d]: their count
+// over d is the throughput.
 func measure(ctx context.Context, name string, c int, warmup, d time.Duration, receiverPID int, op opFunc) cell {
 	start := time.Now()
 	from, to := start.Add(warmup), start.Add(warmup+d)
 	lat := make([][]time.Duration, c)
 	errs := make([]int64, c)
 	var wg sync.WaitGroup
+	// The counters are sampled at the window's edges by their own goroutine.
 	var ms0, ms1 runtime.MemStats
 	var cpu0, cpu1 cpuSample
-	var mu sync.Mutex // guards the samples, taken by worker 0
+	wg.Go(func() {
+		time.Sleep(time.Until(from))
+		runtime.ReadMemStats(&ms0)
+		cpu0 = sampleCPU(receiverPID)
+		time.Sleep(time.Until(to))
+		runtime.ReadMemStats(&ms1)
+		cpu1 = sampleCPU(receiverPID)
+	})
 	for w := range c {
 		lat[w] = make([]time.Duration, 0, 1<<14)
 		wg.Go(func() {
-			sampled := false
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				if t0.After(to) {
 					break
 				}
-				if w == 0 && !sampled && !t0.Before(from) {
-					mu.Lock()
-					runtime.ReadMemStats(&ms0)
-					cpu0 = sampleCPU(receiverPID)
-					mu.Unlock()
-					sampled = true
-				}
 				err := op(ctx, w)
 				t1 := time.Now()
-				if t0.Before(from) || t1.After(to) {
+				if t1.Before(from) || t1.After(to) {
 					continue
 				}
 				if err != nil {
@@ -169,10 +170,6 @@ func measure(ctx context.Context, name string, c int, warmup, d time.Duration, r
 		})
 	}
 	wg.Wait()
-	mu.Lock()
-	runtime.ReadMemStats(&ms1)
-	cpu1 = sampleCPU(receiverPID)
-	mu.Unlock()
 	all := slices.Concat(lat...)
 	res := cell{Scenario: name, Concurrency: c, Events: int64(len(all)), Seconds: d.Seconds(), AllocsPerEvent: -1}
 	for _, e := range errs {
