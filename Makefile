@@ -39,7 +39,7 @@ unit:
 demo:
 	$(GO) run ./cmd/demo
 
-## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 40 kills).
+## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills).
 chaos:
 	cd tests && $(GO) run ./chaos
 

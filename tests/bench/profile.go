@@ -25,23 +25,23 @@ const (
 
 // profileLibrary profiles this process while it runs the library at
 // concurrency c and returns pprof's top functions.
-func profileLibrary(ctx context.Context, dbURL string, c int) (string, error) {
+func profileLibrary(ctx context.Context, dbURL string, c int) (profileSummary, error) {
 	logf("c=%d profiling %s", c, scenLibrary)
 	pool, proc, err := openPool(ctx, dbURL, c)
 	if err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	defer pool.Close()
 	fh, err := os.CreateTemp("", "txhook-bench-cpu-")
 	if err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	defer os.Remove(fh.Name())
 	defer fh.Close()
 	src := eventSource{prefix: "prof" + strconv.Itoa(c), customers: customers}
 	next := make([]int, c)
 	if err := pprof.StartCPUProfile(fh); err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	measure(ctx, scenLibrary, c, 0, profileDuration, 0, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
@@ -93,35 +93,35 @@ func init() {
 // profileExample builds the example with the profiling overlay, runs the
 // txhook HTTP load against it at concurrency c, and returns pprof's top
 // functions of the example's process.
-func profileExample(ctx context.Context, o options, dbURL, dir string, c int) (string, error) {
+func profileExample(ctx context.Context, o options, dbURL, dir string, c int) (profileSummary, error) {
 	root, err := filepath.Abs(o.root)
 	if err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	src := filepath.Join(dir, "profile_overlay.go")
 	if err := os.WriteFile(src, []byte(profileOverlay), 0o644); err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	overlay, err := json.Marshal(map[string]map[string]string{
 		"Replace": {filepath.Join(root, "examples", "stripe-orders", "zz_bench_profile.go"): src},
 	})
 	if err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	overlayPath := filepath.Join(dir, "overlay.json")
 	if err := os.WriteFile(overlayPath, overlay, 0o644); err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	bin := filepath.Join(dir, "stripe-orders-profiled")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-overlay", overlayPath, "-o", bin, stripeOrdersPkg).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build with profiling overlay: %w\n%s", err, out)
+		return profileSummary{}, fmt.Errorf("go build with profiling overlay: %w\n%s", err, out)
 	}
 	prof := filepath.Join(dir, "example.cpu")
 	po := o
 	po.warmup, po.duration = 0, profileDuration
 	logf("c=%d profiling %s", c, scenHTTP)
 	if _, err := overHTTP(ctx, po, dbURL, c, scenHTTP, bin, nil, prof); err != nil {
-		return "", err
+		return profileSummary{}, err
 	}
 	// The profile is written when its time is up: wait for the file.
 	for range 50 {
@@ -148,9 +148,17 @@ var profileAreas = []struct{ label, focus string }{
 
 var pprofShareRe = regexp.MustCompile(`Showing nodes accounting for [^,]+, ([0-9.]+)% of`)
 
+// profileSummary is what a CPU profile says, for the report.
+type profileSummary struct {
+	text  string             // the areas' shares and pprof's top functions
+	areas map[string]float64 // share of samples (%) by area label
+	own   float64            // share of samples (%) in txhook's own functions
+}
+
 // pprofTop returns, for the profile at path, the share of CPU samples in
 // each area and pprof's top functions by cumulative time.
-func pprofTop(path string) (string, error) {
+func pprofTop(path string) (profileSummary, error) {
+	sum := profileSummary{areas: map[string]float64{}}
 	var b strings.Builder
 	b.WriteString("share of CPU samples whose stack contains:\n")
 	for _, a := range profileAreas {
@@ -160,19 +168,22 @@ func pprofTop(path string) (string, error) {
 			share = string(m[1])
 		}
 		fmt.Fprintf(&b, "  %6s%%  %s\n", share, a.label)
+		sum.areas[a.label], _ = strconv.ParseFloat(share, 64)
 	}
 	all, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=100000", path).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go tool pprof: %w: %s", err, all)
+		return sum, fmt.Errorf("go tool pprof: %w: %s", err, all)
 	}
-	fmt.Fprintf(&b, "  %6.2f%%  txhook's own code (root package, handler/, db/: time in its functions, not below them)\n", flatShare(all, "github.com/txhook/txhook."))
+	sum.own = flatShare(all, "github.com/txhook/txhook.")
+	fmt.Fprintf(&b, "  %6.2f%%  txhook's own code (root package, handler/, db/: time in its functions, not below them)\n", sum.own)
 	out, err := exec.Command("go", "tool", "pprof", "-top", "-cum", "-nodecount=30", path).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go tool pprof: %w: %s", err, out)
+		return sum, fmt.Errorf("go tool pprof: %w: %s", err, out)
 	}
 	b.WriteString("\n")
 	b.Write(out)
-	return b.String(), nil
+	sum.text = b.String()
+	return sum, nil
 }
 
 // flatShare sums the flat% of the functions in pprof -top output whose

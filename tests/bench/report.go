@@ -236,6 +236,7 @@ func (r *report) markdown() string {
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library)", c), r.ratio(scenLibraryDup, scenLibrary, c), 2.5)
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
 	}
+	r.explain(p)
 	p("")
 	p("## Where the time goes")
 	p("")
@@ -270,22 +271,22 @@ func (r *report) markdown() string {
 		p("  the txhook library %.2f and %.2f. txhook's own cost over plain pgx: %+.2f ms per event.",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
-	if r.profile != "" {
+	if r.profile.text != "" {
 		p("")
 		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)
 		p("the measurements (`go tool pprof -top`):")
 		p("")
 		p("```")
-		p("%s", strings.TrimSpace(r.profile))
+		p("%s", strings.TrimSpace(r.profile.text))
 		p("```")
 	}
-	if r.httpProfile != "" {
+	if r.httpProfile.text != "" {
 		p("")
 		p("CPU profile of the stripe-orders example under the txhook HTTP load at concurrency %d (a build of the example", r.profConc)
 		p("with a profiling file added through `go build -overlay`; its first seconds, startup included):")
 		p("")
 		p("```")
-		p("%s", strings.TrimSpace(r.httpProfile))
+		p("%s", strings.TrimSpace(r.httpProfile.text))
 		p("```")
 	}
 	if r.micro != "" {
@@ -307,4 +308,55 @@ func joinConc(cs []int, sep string) string {
 		s = append(s, fmt.Sprint(c))
 	}
 	return strings.Join(s, sep)
+}
+
+// explain writes, from the measurements alone, what separates each row
+// from the limit at the profiled concurrency.
+func (r *report) explain(p func(string, ...any)) {
+	c := r.profConc
+	if c == 0 {
+		c = profileConcurrency
+	}
+	lib := r.ratio(scenLibrary, scenLimit, c)
+	raw := r.ratio(scenRawPgx, scenLimit, c)
+	batch := r.ratio(scenBatchPgx, scenLimit, c)
+	if lib == 0 || raw == 0 {
+		return
+	}
+	p("")
+	p("What separates the rows from the limit at concurrency %d, from the figures above:", c)
+	p("")
+	p("- Plain pgx sending the same statements one round trip each reaches %.2f× of the limit; the txhook library", raw)
+	p("  %.2f× (library / plain pgx: %.2f×). Sent as one batch, the same statements reach %.2f×.", lib, lib/raw, batch)
+	if r.profile.text != "" {
+		p("  In the library's CPU profile, %.1f%% of the samples are in txhook's own functions and %.1f%% have pgx on", r.profile.own, r.profile.areas[profileAreas[0].label])
+		p("  the stack (building, sending and reading the statements, the system calls included).")
+	}
+	if lib/raw >= 0.9 {
+		p("  So most of the distance to pgbench is the Go client's cost per round trip (a write and a read system call and a")
+		p("  goroutine wake-up per statement, on a machine whose CPUs the client shares with PostgreSQL), not txhook's code.")
+	} else {
+		p("  The library is measurably slower than plain pgx with the same statements here: besides the Go client's cost per")
+		p("  round trip, txhook's own work per event (see the profile below) counts.")
+	}
+	hp := r.ratio(scenHTTP, scenLimit, c)
+	base := r.ratio(scenBaselineHTTP, scenLimit, c)
+	if hp > 0 && base > 0 {
+		h, _ := r.find(scenHTTP, c)
+		b, _ := r.find(scenBaselineHTTP, c)
+		p("- Over HTTP, txhook reaches %.2f× of the limit and the hand-written pgx receiver %.2f× (txhook / baseline:", hp, base)
+		p("  %.2f×). The example's process spends %.2f ms of CPU per event, the baseline's %.2f; the load generator %.2f",
+			hp/base, h.CPU.Receiver, b.CPU.Receiver, h.CPU.Client)
+		p("  and %.2f.", b.CPU.Client)
+		if r.httpProfile.text != "" {
+			a := r.httpProfile.areas
+			p("  In the example's CPU profile: net/http %.1f%%, pgx %.1f%%, log/slog %.1f%%, encoding/json %.1f%%, crypto %.1f%%,",
+				a[profileAreas[1].label], a[profileAreas[0].label], a[profileAreas[3].label], a[profileAreas[2].label], a[profileAreas[4].label])
+			p("  txhook's own functions %.1f%%.", r.httpProfile.own)
+		}
+	}
+	if d := r.ratio(scenHTTPDup, scenHTTP, c); d > 0 {
+		p("- A redelivery over HTTP costs the HTTP exchange, the signature check and three round trips (BEGIN, the dedupe")
+		p("  step finding the key, ROLLBACK) without a WAL flush; it runs at %.2f× the new-event rate (library: %.2f×).", d, r.ratio(scenLibraryDup, scenLibrary, c))
+	}
 }

@@ -53,8 +53,8 @@ type report struct {
 	machine     []string
 	pgInfo      []string
 	cells       []cell
-	profile     string // pprof -top of the library at profConc
-	httpProfile string // pprof -top of the example under HTTP load at profConc
+	profile     profileSummary // the library at profConc
+	httpProfile profileSummary // the example under HTTP load at profConc
 	profConc    int
 	micro       string
 	payload     int

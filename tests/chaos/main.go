@@ -74,7 +74,7 @@ func defaultConfig() config {
 	return config{
 		Events:              5000,
 		Senders:             8,
-		Kills:               40,
+		Kills:               60,
 		Customers:           50,
 		DupRate:             0.10,
 		ConcurrentDupRate:   0.05,
