@@ -43,6 +43,7 @@ func baselineMain() int {
 		return 1
 	}
 	defer pool.Close()
+	serveMallocs()
 	secret := []byte(os.Getenv("STRIPE_WEBHOOK_SECRET"))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /webhooks/stripe", func(w http.ResponseWriter, r *http.Request) {

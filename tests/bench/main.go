@@ -71,6 +71,7 @@ type options struct {
 	micro    bool
 	profile  bool
 	dbURL    string
+	tmp      string // the run's temporary folder
 }
 
 func logf(format string, args ...any) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"runtime"
 	"slices"
@@ -128,24 +129,47 @@ func split(a, b cpuSample, n int64, client time.Duration) cpuSplit {
 // was not applied.
 type opFunc func(ctx context.Context, w int) error
 
+// receiver identifies the process that does the work of an HTTP row.
+type receiver struct {
+	pid int
+	// mallocs reads the process's count of heap allocations so far.
+	mallocs func() (uint64, error)
+}
+
 // measure runs op on c workers for warmup plus d and measures the
 // operations that complete in the window [warmup, warmup+d]: their count
-// over d is the throughput.
-func measure(ctx context.Context, name string, c int, warmup, d time.Duration, receiverPID int, op opFunc) cell {
+// over d is the throughput. Allocations are counted in this process, or in
+// recv when it is not nil.
+func measure(ctx context.Context, name string, c int, warmup, d time.Duration, recv *receiver, op opFunc) cell {
+	receiverPID := 0
+	if recv != nil {
+		receiverPID = recv.pid
+	}
 	start := time.Now()
 	from, to := start.Add(warmup), start.Add(warmup+d)
 	lat := make([][]time.Duration, c)
 	errs := make([]int64, c)
 	var wg sync.WaitGroup
 	// The counters are sampled at the window's edges by their own goroutine.
-	var ms0, ms1 runtime.MemStats
+	var m0, m1 uint64
+	var mErr error
+	mallocs := func() uint64 {
+		if recv != nil {
+			n, err := recv.mallocs()
+			mErr = errors.Join(mErr, err)
+			return n
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.Mallocs
+	}
 	var cpu0, cpu1 cpuSample
 	wg.Go(func() {
 		time.Sleep(time.Until(from))
-		runtime.ReadMemStats(&ms0)
+		m0 = mallocs()
 		cpu0 = sampleCPU(receiverPID)
 		time.Sleep(time.Until(to))
-		runtime.ReadMemStats(&ms1)
+		m1 = mallocs()
 		cpu1 = sampleCPU(receiverPID)
 	})
 	for w := range c {
@@ -176,8 +200,8 @@ func measure(ctx context.Context, name string, c int, warmup, d time.Duration, r
 		res.Errors += e
 	}
 	res.P50, res.P99 = percentiles(all)
-	if res.Events > 0 {
-		res.AllocsPerEvent = float64(ms1.Mallocs-ms0.Mallocs) / float64(res.Events)
+	if res.Events > 0 && mErr == nil && m1 >= m0 {
+		res.AllocsPerEvent = float64(m1-m0) / float64(res.Events)
 	}
 	res.CPU = split(cpu0, cpu1, res.Events, 0)
 	return res

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -43,7 +42,7 @@ func profileLibrary(ctx context.Context, dbURL string, c int) (profileSummary, e
 	if err := pprof.StartCPUProfile(fh); err != nil {
 		return profileSummary{}, err
 	}
-	measure(ctx, scenLibrary, c, 0, profileDuration, 0, func(ctx context.Context, w int) error {
+	measure(ctx, scenLibrary, c, 0, profileDuration, nil, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
 		next[w]++
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
@@ -52,71 +51,11 @@ func profileLibrary(ctx context.Context, dbURL string, c int) (profileSummary, e
 	return pprofTop(fh.Name())
 }
 
-// Environment of the profiling build of the example.
-const (
-	profileEnv        = "TXHOOK_BENCH_CPUPROFILE"
-	profileSecondsEnv = "TXHOOK_BENCH_CPUPROFILE_SECONDS"
-)
-
-// profileOverlay is added to the example's package, only in the profiling
-// build (go build -overlay): it profiles the process from its start for
-// the given number of seconds. The example's own files are untouched.
-const profileOverlay = `package main
-
-import (
-	"os"
-	"runtime/pprof"
-	"strconv"
-	"time"
-)
-
-func init() {
-	path := os.Getenv("` + profileEnv + `")
-	secs, _ := strconv.Atoi(os.Getenv("` + profileSecondsEnv + `"))
-	if path == "" || secs <= 0 {
-		return
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return
-	}
-	time.AfterFunc(time.Duration(secs)*time.Second, func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	})
-}
-`
-
-// profileExample builds the example with the profiling overlay, runs the
-// txhook HTTP load against it at concurrency c, and returns pprof's top
+// profileExample runs the txhook HTTP load at concurrency c against bin,
+// the example built with the instrumenting overlay, and returns pprof's top
 // functions of the example's process.
-func profileExample(ctx context.Context, o options, dbURL, dir string, c int) (profileSummary, error) {
-	root, err := filepath.Abs(o.root)
-	if err != nil {
-		return profileSummary{}, err
-	}
-	src := filepath.Join(dir, "profile_overlay.go")
-	if err := os.WriteFile(src, []byte(profileOverlay), 0o644); err != nil {
-		return profileSummary{}, err
-	}
-	overlay, err := json.Marshal(map[string]map[string]string{
-		"Replace": {filepath.Join(root, "examples", "stripe-orders", "zz_bench_profile.go"): src},
-	})
-	if err != nil {
-		return profileSummary{}, err
-	}
-	overlayPath := filepath.Join(dir, "overlay.json")
-	if err := os.WriteFile(overlayPath, overlay, 0o644); err != nil {
-		return profileSummary{}, err
-	}
-	bin := filepath.Join(dir, "stripe-orders-profiled")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-overlay", overlayPath, "-o", bin, stripeOrdersPkg).CombinedOutput(); err != nil {
-		return profileSummary{}, fmt.Errorf("go build with profiling overlay: %w\n%s", err, out)
-	}
-	prof := filepath.Join(dir, "example.cpu")
+func profileExample(ctx context.Context, o options, dbURL, bin string, c int) (profileSummary, error) {
+	prof := filepath.Join(o.tmp, "example.cpu")
 	po := o
 	po.warmup, po.duration = 0, profileDuration
 	logf("c=%d profiling %s", c, scenHTTP)

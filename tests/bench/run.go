@@ -67,6 +67,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("create temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	o.tmp = dir
 
 	dbURL := o.dbURL
 	if dbURL == "" {
@@ -88,9 +89,9 @@ func run(ctx context.Context, o options) error {
 	}
 
 	logf("building the stripe-orders example")
-	exampleBin := filepath.Join(dir, "stripe-orders")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", exampleBin, stripeOrdersPkg).CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", stripeOrdersPkg, err, out)
+	exampleBin, err := buildInstrumentedExample(ctx, o.root, dir)
+	if err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -144,7 +145,7 @@ func run(ctx context.Context, o options) error {
 		if rep.profile, err = profileLibrary(ctx, dbURL, profileConcurrency); err != nil {
 			logf("profile the library: %v", err)
 		}
-		if rep.httpProfile, err = profileExample(ctx, o, dbURL, dir, profileConcurrency); err != nil {
+		if rep.httpProfile, err = profileExample(ctx, o, dbURL, exampleBin, profileConcurrency); err != nil {
 			logf("profile the example: %v", err)
 		}
 	}
@@ -182,7 +183,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 	next := make([]int, c)
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenNaive)
-	out = append(out, measure(ctx, scenNaive, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
+	out = append(out, measure(ctx, scenNaive, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
 		next[w]++
 		return processNaive(ctx, pool, key, body)
@@ -196,7 +197,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 		next := make([]int, c)
 		checkpoint(ctx, dbURL)
 		logf("c=%d %s", c, x.name)
-		out = append(out, measure(ctx, x.name, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
+		out = append(out, measure(ctx, x.name, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
 			key, body := src.next(w, next[w])
 			next[w]++
 			return x.fn(ctx, pool, key, body)
@@ -207,7 +208,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 	next = make([]int, c)
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenLibrary)
-	out = append(out, measure(ctx, scenLibrary, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
+	out = append(out, measure(ctx, scenLibrary, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
 		next[w]++
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
@@ -216,7 +217,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 	done := next
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenLibraryDup)
-	out = append(out, measure(ctx, scenLibraryDup, c, o.warmup, o.duration, 0, func(ctx context.Context, w int) error {
+	out = append(out, measure(ctx, scenLibraryDup, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
 		dw := rand.IntN(c)
 		if done[dw] == 0 {
 			return errors.New("no processed event to redeliver")
@@ -261,7 +262,9 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 	secret := "whsec_bench_" + strconv.Itoa(rand.IntN(1<<30))
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=")
+	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
+	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=",
+		mallocsEnv+"="+mallocFile)
 	if cpuProfile != "" {
 		// Stop the profile before the load does, so that it is complete
 		// when the receiver is stopped.
@@ -327,16 +330,15 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 	}
 	src := eventSource{prefix: prefix, customers: customers}
 	next := make([]int, c)
-	pid := cmd.Process.Pid
+	recv := &receiver{pid: cmd.Process.Pid, mallocs: func() (uint64, error) { return readMallocs(cmd.Process, mallocFile) }}
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, name)
 	var out []cell
-	cl := measure(ctx, name, c, o.warmup, o.duration, pid, func(ctx context.Context, w int) error {
+	cl := measure(ctx, name, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
 		_, body := src.next(w, next[w])
 		next[w]++
 		return post(ctx, body)
 	})
-	cl.AllocsPerEvent = -1
 	out = append(out, cl)
 	if env != nil || cpuProfile != "" {
 		return out, nil
@@ -345,7 +347,7 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 	var missing atomic.Int64
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenHTTPDup)
-	cl = measure(ctx, scenHTTPDup, c, o.warmup, o.duration, pid, func(ctx context.Context, w int) error {
+	cl = measure(ctx, scenHTTPDup, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
 		dw := rand.IntN(c)
 		if done[dw] == 0 {
 			missing.Add(1)
@@ -354,7 +356,6 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 		_, body := src.next(dw, rand.IntN(done[dw]))
 		return post(ctx, body)
 	})
-	cl.AllocsPerEvent = -1
 	out = append(out, cl)
 	return out, nil
 }
