@@ -226,7 +226,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	stopSend()
 	<-chaosDone
 	stopSup()
-	if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) {
+	if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return res, fmt.Errorf("supervise example: %w", err)
 	}
 	res.Kills, res.CrashExits, res.OtherExits, res.Restarts = sup.kills, sup.crashExits, sup.otherExits, sup.starts-1
