@@ -72,6 +72,10 @@ type options struct {
 	profile  bool
 	dbURL    string
 	tmp      string // the run's temporary folder
+	tag      string // prefix of the run's event keys
+	// serverURL is the throwaway cluster's maintenance database, where the
+	// micro-benchmarks create their databases; empty with DATABASE_URL.
+	serverURL string
 }
 
 func logf(format string, args ...any) {

@@ -24,7 +24,7 @@ const (
 
 // profileLibrary profiles this process while it runs the library at
 // concurrency c and returns pprof's top functions.
-func profileLibrary(ctx context.Context, dbURL string, c int) (profileSummary, error) {
+func profileLibrary(ctx context.Context, o options, dbURL string, c int) (profileSummary, error) {
 	logf("c=%d profiling %s", c, scenLibrary)
 	pool, proc, err := openPool(ctx, dbURL, c)
 	if err != nil {
@@ -37,7 +37,7 @@ func profileLibrary(ctx context.Context, dbURL string, c int) (profileSummary, e
 	}
 	defer os.Remove(fh.Name())
 	defer fh.Close()
-	src := eventSource{prefix: "prof" + strconv.Itoa(c), customers: customers}
+	src := eventSource{prefix: o.tag + "prof" + strconv.Itoa(c), customers: customers}
 	next := make([]int, c)
 	if err := pprof.StartCPUProfile(fh); err != nil {
 		return profileSummary{}, err

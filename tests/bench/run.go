@@ -68,6 +68,9 @@ func run(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	o.tmp = dir
+	// Event keys carry the run's tag, so that runs on the same database
+	// (DATABASE_URL) never redeliver each other's events.
+	o.tag = fmt.Sprintf("r%x_", time.Now().Unix())
 
 	dbURL := o.dbURL
 	if dbURL == "" {
@@ -80,6 +83,7 @@ func run(ctx context.Context, o options) error {
 		if dbURL, err = createDatabase(ctx, c.URL, "txhook_bench"); err != nil {
 			return err
 		}
+		o.serverURL = c.URL
 	}
 	if err := prepare(ctx, dbURL); err != nil {
 		return err
@@ -98,7 +102,7 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("find own binary: %w", err)
 	}
 
-	_, sample := eventSource{prefix: "sample", customers: customers}.next(0, 0)
+	_, sample := eventSource{prefix: o.tag + "lib8", customers: customers}.next(0, 0)
 	rep.payload = len(sample)
 	script, err := writePgbenchScript(dir, sample, customers)
 	if err != nil {
@@ -142,7 +146,7 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.profile {
 		rep.profConc = profileConcurrency
-		if rep.profile, err = profileLibrary(ctx, dbURL, profileConcurrency); err != nil {
+		if rep.profile, err = profileLibrary(ctx, o, dbURL, profileConcurrency); err != nil {
 			logf("profile the library: %v", err)
 		}
 		if rep.httpProfile, err = profileExample(ctx, o, dbURL, exampleBin, profileConcurrency); err != nil {
@@ -151,7 +155,7 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.micro {
 		logf("Go micro-benchmarks")
-		rep.micro = microBenchmarks(ctx, o.root, dbURL)
+		rep.micro = microBenchmarks(ctx, o.root, o.serverURL)
 	}
 	rep.finished = time.Now()
 	if err := os.WriteFile(o.out, []byte(rep.markdown()), 0o644); err != nil {
@@ -179,7 +183,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 	defer pool.Close()
 	var out []cell
 
-	src := eventSource{prefix: "naive" + strconv.Itoa(c), customers: customers}
+	src := eventSource{prefix: o.tag + "naive" + strconv.Itoa(c), customers: customers}
 	next := make([]int, c)
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenNaive)
@@ -193,7 +197,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 		name, prefix string
 		fn           func(context.Context, *pgxpool.Pool, string, []byte) error
 	}{{scenRawPgx, "raw", processRawPgx}, {scenBatchPgx, "batch", processBatchPgx}} {
-		src := eventSource{prefix: x.prefix + strconv.Itoa(c), customers: customers}
+		src := eventSource{prefix: o.tag + x.prefix + strconv.Itoa(c), customers: customers}
 		next := make([]int, c)
 		checkpoint(ctx, dbURL)
 		logf("c=%d %s", c, x.name)
@@ -204,7 +208,7 @@ func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, err
 		}))
 	}
 
-	src = eventSource{prefix: "lib" + strconv.Itoa(c), customers: customers}
+	src = eventSource{prefix: o.tag + "lib" + strconv.Itoa(c), customers: customers}
 	next = make([]int, c)
 	checkpoint(ctx, dbURL)
 	logf("c=%d %s", c, scenLibrary)
@@ -324,9 +328,9 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 		}
 		return nil
 	}
-	prefix := "http" + strconv.Itoa(c)
+	prefix := o.tag + "http" + strconv.Itoa(c)
 	if env != nil {
-		prefix = "base" + strconv.Itoa(c)
+		prefix = o.tag + "base" + strconv.Itoa(c)
 	}
 	src := eventSource{prefix: prefix, customers: customers}
 	next := make([]int, c)
