@@ -41,9 +41,17 @@ type config struct {
 	CrashRate float64
 	// CrashPoints are the points armed on those restarts.
 	CrashPoints []txhook.CrashPoint
+	// CrashLimit bounds the restarts with a crash point armed; 0 means no
+	// bound.
+	CrashLimit int
 	// Fulfillment turns lease mode on: a local fulfillment service and
 	// FULFILLMENT_URL pointing at it.
 	Fulfillment bool
+	// Naive drives the naive dedupe receiver (key committed alone, then the
+	// work) instead of the example: checkouts only, and the check expects
+	// to find losses. It shows that the check catches a receiver that loses
+	// events.
+	Naive bool
 	// FulfillmentFailRate is the share of fulfillment calls answered 503.
 	FulfillmentFailRate float64
 
@@ -108,8 +116,18 @@ func run(ctx context.Context, cfg config) (result, error) {
 		return result{}, fmt.Errorf("create temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	logf("building the stripe-orders example")
-	bin, err := buildExample(ctx, dir)
+	pkg := stripeOrdersPkg
+	if cfg.Naive {
+		pkg = naiveReceiverPkg
+		// It handles checkouts only, always with a customer, and has no
+		// lease mode.
+		cfg.LeaseRate, cfg.InvoiceRate, cfg.GuestRate, cfg.Fulfillment = 0, 0, 0, false
+		cfg.CrashPoints = slices.DeleteFunc(slices.Clone(cfg.CrashPoints), func(p txhook.CrashPoint) bool {
+			return p != txhook.CrashAfterInsert && p != txhook.CrashAfterHandler // the ones it honours
+		})
+	}
+	logf("building %s", pkg)
+	bin, err := buildReceiver(ctx, dir, pkg)
 	if err != nil {
 		return result{}, err
 	}
@@ -152,7 +170,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		stopSup()
 		return res, fmt.Errorf("start example: %w", err)
 	}
-	logf("example listening on %s; sending %d events (%d duplicate deliveries) with %d senders, %d kills",
+	logf("receiver listening on %s; sending %d events (%d duplicate deliveries) with %d senders, %d kills",
 		addr, len(p.events), p.duplicates, cfg.Senders, cfg.Kills)
 
 	prov := newProvider("http://"+addr+"/webhooks/stripe", secret, cfg.Senders*3)
@@ -246,7 +264,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	if fs != nil {
 		res.FulfillmentCalls, res.FulfillmentRepeats, shipped = fs.snapshot()
 	}
-	if err := verify(vctx, cfg.DatabaseURL, tag, p.events, shipped, &res); err != nil {
+	if err := verify(vctx, cfg.DatabaseURL, tag, p.events, shipped, !cfg.Naive, &res); err != nil {
 		return res, err
 	}
 	if res.OtherExits > 0 {
@@ -268,7 +286,7 @@ type supervisor struct {
 	killReq chan struct{}
 	up      chan struct{} // closed once the first start succeeded
 
-	starts, kills, crashExits, otherExits int
+	starts, kills, crashExits, otherExits, armed int
 }
 
 // maxStartFailures bounds consecutive failed starts (the database may be
@@ -279,8 +297,11 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 	failures := 0
 	for {
 		point := ""
-		if s.starts > 0 && len(s.cfg.CrashPoints) > 0 && s.rng.Float64() < s.cfg.CrashRate {
+		if s.starts > 0 && len(s.cfg.CrashPoints) > 0 && s.rng.Float64() < s.cfg.CrashRate &&
+			(s.cfg.CrashLimit == 0 || s.armed < s.cfg.CrashLimit) {
 			point = string(s.cfg.CrashPoints[s.rng.IntN(len(s.cfg.CrashPoints))])
+			s.armed++
+			logf("restart %d with %s=%s", s.starts, txhook.CrashPointEnv, point)
 		}
 		p, err := s.l.start(ctx, point)
 		if err != nil {

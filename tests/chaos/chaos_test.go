@@ -91,7 +91,7 @@ func TestVerifyFindsLossAndDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	var res result
-	if err := verify(ctx, db.URL, tag, events, nil, &res); err != nil {
+	if err := verify(ctx, db.URL, tag, events, nil, true, &res); err != nil {
 		t.Fatal(err)
 	}
 	if res.Lost != 2 || res.Duplicated != 0 || !strings.Contains(strings.Join(res.Problems, "\n"), "evt_tv_3 was acknowledged") {
@@ -108,10 +108,44 @@ func TestVerifyFindsLossAndDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	res = result{}
-	if err := verify(ctx, db.URL, tag, events, nil, &res); err != nil {
+	if err := verify(ctx, db.URL, tag, events, nil, true, &res); err != nil {
 		t.Fatal(err)
 	}
 	if res.Lost != 0 || res.Duplicated != 1 {
 		t.Fatalf("lost = %d, duplicated = %d, want 0 and 1; problems %q", res.Lost, res.Duplicated, res.Problems)
+	}
+}
+
+// TestChaosCatchesNaiveDedupe runs the chaos against the naive dedupe (the
+// event id committed alone, then the work), killed twice and dying right
+// after an id's commit on the next restarts: the run must report events
+// lost, with real process deaths, or its green runs against txhook would
+// prove nothing.
+func TestChaosCatchesNaiveDedupe(t *testing.T) {
+	db := testdb.New(t)
+	cfg := defaultConfig()
+	cfg.Naive = true
+	cfg.DatabaseURL = db.URL
+	cfg.Events = 200
+	cfg.Senders = 4
+	cfg.Kills = 2
+	cfg.Customers = 10
+	cfg.CrashRate = 1
+	cfg.CrashLimit = 4
+	cfg.CrashPoints = []txhook.CrashPoint{txhook.CrashAfterInsert}
+	cfg.Timeout = 2 * time.Minute
+	cfg.Seed = uint64(time.Now().UnixNano())
+	cfg.Log = t.Logf
+	res, err := run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.summary())
+	// Every restart after a kill is armed, and the last kill leaves new
+	// events to send, so at least one process dies between an id's commit
+	// and its work.
+	if res.Lost < max(1, res.CrashExits) || res.ok() {
+		t.Fatalf("lost = %d after %d deaths between an id's commit and its work, want at least one lost per death: %s",
+			res.Lost, res.CrashExits, res.summary())
 	}
 }

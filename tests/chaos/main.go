@@ -48,6 +48,7 @@ func main() {
 	flag.Float64Var(&cfg.ConcurrentDupRate, "concurrent-dup-rate", cfg.ConcurrentDupRate, "share of events delivered 2-3 times at once")
 	flag.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "share of restarts with a TXHOOK_CRASH_POINT armed")
 	flag.BoolVar(&cfg.Fulfillment, "lease", cfg.Fulfillment, "send payment intents through lease mode and a local fulfillment service")
+	flag.BoolVar(&cfg.Naive, "naive", false, "drive the naive dedupe receiver instead, to see the check catch its losses (exits 1)")
 	restartDB := flag.Bool("restart-db", true, "restart PostgreSQL in immediate mode once (only with the throwaway cluster)")
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")

@@ -14,17 +14,22 @@ import (
 	"time"
 )
 
-// stripeOrdersPkg is the example the chaos run drives, built once and run as
-// a child process so that a kill is a real process death.
-const stripeOrdersPkg = "github.com/txhook/txhook/examples/stripe-orders"
+// The receivers a chaos run can drive, built once and run as child
+// processes so that a kill is a real process death: the stripe-orders
+// example, and the naive dedupe the demo shows losing events (to see the
+// run's check catch a receiver that loses events).
+const (
+	stripeOrdersPkg  = "github.com/txhook/txhook/examples/stripe-orders"
+	naiveReceiverPkg = "github.com/txhook/txhook/cmd/demo/naivereceiver"
+)
 
-// buildExample compiles the stripe-orders example into dir and returns the
-// binary's path.
-func buildExample(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "stripe-orders")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, stripeOrdersPkg)
+// buildReceiver compiles the package pkg into dir and returns the binary's
+// path.
+func buildReceiver(ctx context.Context, dir, pkg string) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %w\n%s", stripeOrdersPkg, err, out)
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
 	}
 	return bin, nil
 }
