@@ -41,8 +41,9 @@ func main() {
 	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "file to write the report to")
 	flag.StringVar(&o.root, "root", "..", "the txhook repository (for go test -bench and go build)")
 	conc := flag.String("c", "1,8,32", "comma-separated concurrency levels")
-	flag.DurationVar(&o.duration, "d", 5*time.Second, "measured time per cell")
-	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per cell")
+	flag.DurationVar(&o.duration, "d", 3*time.Second, "measured time per round of a cell")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds per cell (the scenarios interleaved; the median rate is reported)")
+	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up per round of a cell")
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.Parse()
@@ -53,6 +54,10 @@ func main() {
 			os.Exit(2)
 		}
 		o.conc = append(o.conc, n)
+	}
+	if o.rounds < 1 || o.duration < time.Second {
+		fmt.Fprintln(os.Stderr, "bench: -rounds must be at least 1 and -d at least 1s")
+		os.Exit(2)
 	}
 	o.dbURL = os.Getenv("DATABASE_URL")
 	if err := run(ctx, o); err != nil {
@@ -67,6 +72,7 @@ type options struct {
 	root     string
 	conc     []int
 	duration time.Duration
+	rounds   int
 	warmup   time.Duration
 	micro    bool
 	profile  bool

@@ -13,32 +13,85 @@ import (
 	"time"
 )
 
-// cell is one measured scenario at one concurrency.
+// sample is one measured round of a scenario.
+type sample struct {
+	events  int64 // operations completed inside the measured window
+	errors  int64
+	seconds float64
+	lat     []time.Duration
+	allocs  int64    // heap allocations in the window; -1 when unknown
+	cpu     cpuSplit // CPU time in the window, in milliseconds
+}
+
+func (s sample) rate() float64 {
+	if s.seconds == 0 {
+		return 0
+	}
+	return float64(s.events) / s.seconds
+}
+
+// cell is one scenario at one concurrency: its rounds merged.
 type cell struct {
 	Scenario    string
 	Concurrency int
-	Events      int64 // operations completed inside the measured window
-	Errors      int64
-	Seconds     float64
-	P50, P99    time.Duration
-	// AllocsPerEvent is heap allocations per event in this process; -1 when
-	// the work runs in another process.
+	// Rate is the median of the rounds' events per second; Rates are the
+	// rounds' own.
+	Rate     float64
+	Rates    []float64
+	Events   int64
+	Errors   int64
+	P50, P99 time.Duration // over the events of all rounds
+	// AllocsPerEvent is heap allocations per event in the process doing
+	// the work; -1 when unknown.
 	AllocsPerEvent float64
-	CPU            cpuSplit
-	Note           string
+	CPU            cpuSplit // milliseconds per event
 }
 
 // rate returns events per second.
-func (c cell) rate() float64 {
-	if c.Seconds == 0 {
-		return 0
+func (c cell) rate() float64 { return c.Rate }
+
+// merge combines the rounds of one scenario at concurrency c.
+func merge(name string, c int, rounds []sample) cell {
+	res := cell{Scenario: name, Concurrency: c, AllocsPerEvent: -1}
+	var lat []time.Duration
+	var allocs int64
+	var cpu cpuSplit
+	knownAllocs := len(rounds) > 0
+	for _, s := range rounds {
+		res.Rates = append(res.Rates, s.rate())
+		res.Events += s.events
+		res.Errors += s.errors
+		lat = append(lat, s.lat...)
+		if s.allocs < 0 {
+			knownAllocs = false
+		}
+		allocs += s.allocs
+		cpu.Client += s.cpu.Client
+		cpu.Receiver += s.cpu.Receiver
+		cpu.Rest += s.cpu.Rest
 	}
-	return float64(c.Events) / c.Seconds
+	sorted := slices.Clone(res.Rates)
+	slices.Sort(sorted)
+	if n := len(sorted); n > 0 {
+		res.Rate = sorted[n/2]
+		if n%2 == 0 {
+			res.Rate = (sorted[n/2-1] + sorted[n/2]) / 2
+		}
+	}
+	res.P50, res.P99 = percentiles(lat)
+	if res.Events > 0 {
+		n := float64(res.Events)
+		if knownAllocs {
+			res.AllocsPerEvent = float64(allocs) / n
+		}
+		res.CPU = cpuSplit{Client: cpu.Client / n, Receiver: cpu.Receiver / n, Rest: cpu.Rest / n}
+	}
+	return res
 }
 
-// cpuSplit is the CPU time spent per event, in milliseconds, by the load
-// generator (this process or pgbench), the HTTP receiver (when one runs)
-// and everything else on the machine (PostgreSQL, mostly).
+// cpuSplit is CPU time in milliseconds, spent by the load generator (this
+// process or pgbench), the HTTP receiver (when one runs) and everything
+// else on the machine (PostgreSQL, mostly).
 type cpuSplit struct {
 	Client, Receiver, Rest float64
 }
@@ -109,19 +162,16 @@ func machineBusy() time.Duration {
 	return time.Duration(busy) * clockTick
 }
 
-// split turns two samples around n events into CPU per event. client is
-// the load generator's CPU when it is not this process (pgbench).
-func split(a, b cpuSample, n int64, client time.Duration) cpuSplit {
-	if n == 0 {
-		return cpuSplit{}
-	}
+// cpuBetween returns the CPU spent between two samples, in milliseconds.
+// client is the load generator's CPU when it is not this process (pgbench).
+func cpuBetween(a, b cpuSample, client time.Duration) cpuSplit {
 	self := b.self - a.self
 	if client > 0 {
 		self = client
 	}
 	recv := b.receiver - a.receiver
 	rest := b.machine - a.machine - self - recv
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(n) }
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	return cpuSplit{Client: ms(self), Receiver: ms(recv), Rest: ms(max(rest, 0))}
 }
 
@@ -140,7 +190,7 @@ type receiver struct {
 // operations that complete in the window [warmup, warmup+d]: their count
 // over d is the throughput. Allocations are counted in this process, or in
 // recv when it is not nil.
-func measure(ctx context.Context, name string, c int, warmup, d time.Duration, recv *receiver, op opFunc) cell {
+func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver, op opFunc) sample {
 	receiverPID := 0
 	if recv != nil {
 		receiverPID = recv.pid
@@ -194,16 +244,15 @@ func measure(ctx context.Context, name string, c int, warmup, d time.Duration, r
 		})
 	}
 	wg.Wait()
-	all := slices.Concat(lat...)
-	res := cell{Scenario: name, Concurrency: c, Events: int64(len(all)), Seconds: d.Seconds(), AllocsPerEvent: -1}
+	res := sample{lat: slices.Concat(lat...), seconds: d.Seconds(), allocs: -1}
+	res.events = int64(len(res.lat))
 	for _, e := range errs {
-		res.Errors += e
+		res.errors += e
 	}
-	res.P50, res.P99 = percentiles(all)
-	if res.Events > 0 && mErr == nil && m1 >= m0 {
-		res.AllocsPerEvent = float64(m1-m0) / float64(res.Events)
+	if mErr == nil && m1 >= m0 {
+		res.allocs = int64(m1 - m0)
 	}
-	res.CPU = split(cpu0, cpu1, res.Events, 0)
+	res.cpu = cpuBetween(cpu0, cpu1, 0)
 	return res
 }
 

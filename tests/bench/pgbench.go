@@ -48,12 +48,12 @@ func writePgbenchScript(dir string, payload []byte, customers int) (string, erro
 var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 
 // runPgbench runs the script at concurrency c (one connection per client)
-// for d against the database at dbURL and returns the measured cell. Its per-transaction log gives the
-// latencies.
-func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Duration) (cell, error) {
+// for d against the database at dbURL and returns the measured round. Its
+// per-transaction log gives the latencies.
+func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Duration) (sample, error) {
 	logDir, err := os.MkdirTemp(dir, "pgbench-log-")
 	if err != nil {
-		return cell{}, err
+		return sample{}, err
 	}
 	defer os.RemoveAll(logDir)
 	threads := min(c, 2)
@@ -66,27 +66,24 @@ func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Du
 	out, err := cmd.CombinedOutput()
 	cpu1 := sampleCPU(0)
 	if err != nil {
-		return cell{}, fmt.Errorf("pgbench: %w\n%s", err, out)
+		return sample{}, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
 	m := tpsRe.FindSubmatch(out)
 	if m == nil {
-		return cell{}, fmt.Errorf("pgbench: no tps in output:\n%s", out)
+		return sample{}, fmt.Errorf("pgbench: no tps in output:\n%s", out)
 	}
 	tps, _ := strconv.ParseFloat(string(m[1]), 64)
 	lat, failed, err := readPgbenchLogs(logDir)
 	if err != nil {
-		return cell{}, err
+		return sample{}, err
 	}
-	res := cell{Scenario: scenLimit, Concurrency: c, Seconds: d.Seconds(), AllocsPerEvent: -1}
-	res.Events = int64(tps*d.Seconds() + 0.5)
-	res.Errors = failed
-	res.P50, res.P99 = percentiles(lat)
+	res := sample{seconds: d.Seconds(), lat: lat, errors: failed, allocs: -1}
+	res.events = int64(tps*d.Seconds() + 0.5)
 	var client time.Duration
 	if st := cmd.ProcessState; st != nil {
 		client = st.UserTime() + st.SystemTime()
 	}
-	res.CPU = split(cpu0, cpu1, res.Events, client)
-	res.CPU.Client = float64(client) / float64(time.Millisecond) / float64(max(res.Events, 1))
+	res.cpu = cpuBetween(cpu0, cpu1, client)
 	return res, nil
 }
 

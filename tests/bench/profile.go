@@ -42,7 +42,7 @@ func profileLibrary(ctx context.Context, o options, dbURL string, c int) (profil
 	if err := pprof.StartCPUProfile(fh); err != nil {
 		return profileSummary{}, err
 	}
-	measure(ctx, scenLibrary, c, 0, profileDuration, nil, func(ctx context.Context, w int) error {
+	measure(ctx, c, 0, profileDuration, nil, func(ctx context.Context, w int) error {
 		key, body := src.next(w, next[w])
 		next[w]++
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
@@ -56,15 +56,24 @@ func profileLibrary(ctx context.Context, o options, dbURL string, c int) (profil
 // functions of the example's process.
 func profileExample(ctx context.Context, o options, dbURL, bin string, c int) (profileSummary, error) {
 	prof := filepath.Join(o.tmp, "example.cpu")
-	po := o
-	po.warmup, po.duration = 0, profileDuration
 	logf("c=%d profiling %s", c, scenHTTP)
-	if _, err := overHTTP(ctx, po, dbURL, c, scenHTTP, bin, nil, prof); err != nil {
+	ex, err := startReceiver(ctx, o, dbURL, c, scenHTTP, bin, nil, prof)
+	if err != nil {
 		return profileSummary{}, err
 	}
-	// The profile is written when its time is up: wait for the file.
+	defer ex.stop()
+	src := eventSource{prefix: o.tag + "profhttp" + strconv.Itoa(c), customers: customers}
+	next := make([]int, c)
+	// The profile runs for profileDuration from the process's start; the
+	// load outlasts it.
+	measure(ctx, c, 0, profileDuration+time.Second, nil, func(ctx context.Context, w int) error {
+		_, body := src.next(w, next[w])
+		next[w]++
+		return ex.post(ctx, body)
+	})
 	for range 50 {
 		if st, err := os.Stat(prof); err == nil && st.Size() > 0 {
+			time.Sleep(200 * time.Millisecond) // let the writer finish
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

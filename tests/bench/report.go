@@ -119,8 +119,11 @@ func (r *report) markdown() string {
 	p("")
 	p("Written by `make bench` (`go run ./bench` in the tests module) on %s, run from %s to %s UTC.",
 		r.started.UTC().Format("2006-01-02"), r.started.UTC().Format("15:04:05"), r.finished.UTC().Format("15:04:05"))
-	p("Every row ran on the same PostgreSQL server, in one run, one after the other; each cell measured %v after %v of warm-up,", r.opts.duration, r.opts.warmup)
-	p("with a CHECKPOINT before it. Numbers are from this run only; rerun `make bench` to reproduce them on your machine.")
+	p("Every row ran on the same PostgreSQL server, in one run. At each concurrency the rows ran in %d rounds, one after the", r.opts.rounds)
+	p("other within a round, so that a change in the machine's load touches every row alike; each round of a row measured")
+	p("%v after %v of warm-up, with a CHECKPOINT before it. A row's events/s is the median of its rounds (all rounds are", r.opts.duration, r.opts.warmup)
+	p("listed); its latencies, allocations and CPU cover all its rounds. Numbers are from this run only; rerun `make bench`")
+	p("to reproduce them on your machine.")
 	p("")
 	p("## Machine")
 	p("")
@@ -176,8 +179,8 @@ func (r *report) markdown() string {
 	for _, c := range r.opts.conc {
 		p("### Concurrency %d", c)
 		p("")
-		p("| scenario | events/s | ratio to limit | p50 ms | p99 ms | allocs/event | CPU ms/event: client / receiver / rest | errors |")
-		p("|---|---:|---:|---:|---:|---:|---|---:|")
+		p("| scenario | events/s | ratio to limit | rounds (events/s) | p50 ms | p99 ms | allocs/event | CPU ms/event: client / receiver / rest | errors |")
+		p("|---|---:|---:|---|---:|---:|---:|---|---:|")
 		for _, x := range r.cells {
 			if x.Concurrency != c {
 				continue
@@ -190,8 +193,12 @@ func (r *report) markdown() string {
 			if x.AllocsPerEvent >= 0 {
 				allocs = fmt.Sprintf("%.0f", x.AllocsPerEvent)
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %.2f / %.2f / %.2f | %d |", x.Scenario, x.rate(), ratio, ms(x.P50), ms(x.P99), allocs,
-				x.CPU.Client, x.CPU.Receiver, x.CPU.Rest, x.Errors)
+			var rounds []string
+			for _, v := range x.Rates {
+				rounds = append(rounds, fmt.Sprintf("%.0f", v))
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f / %.2f / %.2f | %d |", x.Scenario, x.rate(), ratio, strings.Join(rounds, ", "),
+				ms(x.P50), ms(x.P99), allocs, x.CPU.Client, x.CPU.Receiver, x.CPU.Rest, x.Errors)
 		}
 		p("")
 	}

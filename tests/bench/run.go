@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -115,34 +114,11 @@ func run(ctx context.Context, o options) error {
 	}
 
 	for _, c := range o.conc {
-		if havePgbench {
-			checkpoint(ctx, dbURL)
-			logf("c=%d %s", c, scenLimit)
-			res, err := runPgbench(ctx, dir, script, dbURL, c, o.duration)
-			if err != nil {
-				return err
-			}
-			rep.add(res)
-		}
-		cells, err := inProcess(ctx, o, dbURL, c)
+		cells, err := atConcurrency(ctx, o, dbURL, c, exampleBin, self, script, havePgbench)
 		if err != nil {
 			return err
 		}
 		rep.add(cells...)
-		for _, recv := range []struct {
-			name string
-			bin  string
-			env  []string
-		}{
-			{scenHTTP, exampleBin, nil},
-			{scenBaselineHTTP, self, []string{baselineEnv + "=1"}},
-		} {
-			cells, err := overHTTP(ctx, o, dbURL, c, recv.name, recv.bin, recv.env, "")
-			if err != nil {
-				return err
-			}
-			rep.add(cells...)
-		}
 	}
 	if o.profile {
 		rep.profConc = profileConcurrency
@@ -167,68 +143,117 @@ func run(ctx context.Context, o options) error {
 
 func (r *report) add(cells ...cell) {
 	for _, c := range cells {
-		logf("  %-26s c=%-3d %8.0f events/s  p50 %-9v p99 %-9v errors %d", c.Scenario, c.Concurrency, c.rate(),
+		logf("c=%-3d %-26s %8.0f events/s (median)  p50 %-9v p99 %-9v errors %d", c.Concurrency, c.Scenario, c.rate(),
 			c.P50.Round(10*time.Microsecond), c.P99.Round(10*time.Microsecond), c.Errors)
 		r.cells = append(r.cells, c)
 	}
 }
 
-// inProcess measures the naive dedupe, the library and the library's
-// duplicate path at concurrency c, each with a pool of c connections.
-func inProcess(ctx context.Context, o options, dbURL string, c int) ([]cell, error) {
+// scenario is one row of the report at one concurrency: measure runs one
+// round of it.
+type scenario struct {
+	name    string
+	measure func(ctx context.Context) (sample, error)
+}
+
+// atConcurrency measures every scenario at concurrency c: o.rounds rounds,
+// each running the scenarios one after the other, so that a change in the
+// machine's load touches every row alike; a row's rate is the median of its
+// rounds.
+func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleBin, self, script string, havePgbench bool) ([]cell, error) {
 	pool, proc, err := openPool(ctx, dbURL, c)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	var out []cell
+	example, err := startReceiver(ctx, o, dbURL, c, scenHTTP, exampleBin, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer example.stop()
+	baseline, err := startReceiver(ctx, o, dbURL, c, scenBaselineHTTP, self, []string{baselineEnv + "=1"}, "")
+	if err != nil {
+		return nil, err
+	}
+	defer baseline.stop()
 
-	src := eventSource{prefix: o.tag + "naive" + strconv.Itoa(c), customers: customers}
-	next := make([]int, c)
-	checkpoint(ctx, dbURL)
-	logf("c=%d %s", c, scenNaive)
-	out = append(out, measure(ctx, scenNaive, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
-		key, body := src.next(w, next[w])
-		next[w]++
-		return processNaive(ctx, pool, key, body)
-	}))
-
-	for _, x := range []struct {
-		name, prefix string
-		fn           func(context.Context, *pgxpool.Pool, string, []byte) error
-	}{{scenRawPgx, "raw", processRawPgx}, {scenBatchPgx, "batch", processBatchPgx}} {
-		src := eventSource{prefix: o.tag + x.prefix + strconv.Itoa(c), customers: customers}
+	// in returns a scenario running fn for new events of its own, counting
+	// them per worker in next.
+	newEvents := func(name, prefix string, recv *receiver, fn func(ctx context.Context, key string, body []byte) error) (scenario, []int) {
+		src := eventSource{prefix: o.tag + prefix + strconv.Itoa(c), customers: customers}
 		next := make([]int, c)
-		checkpoint(ctx, dbURL)
-		logf("c=%d %s", c, x.name)
-		out = append(out, measure(ctx, x.name, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
-			key, body := src.next(w, next[w])
-			next[w]++
-			return x.fn(ctx, pool, key, body)
-		}))
+		return scenario{name: name, measure: func(ctx context.Context) (sample, error) {
+			return measure(ctx, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
+				key, body := src.next(w, next[w])
+				next[w]++
+				return fn(ctx, key, body)
+			}), nil
+		}}, next
+	}
+	// redeliveries returns a scenario running fn for events already sent by
+	// the scenario whose counters are done.
+	redeliveries := func(name, prefix string, done []int, recv *receiver, fn func(ctx context.Context, key string, body []byte) error) scenario {
+		src := eventSource{prefix: o.tag + prefix + strconv.Itoa(c), customers: customers}
+		return scenario{name: name, measure: func(ctx context.Context) (sample, error) {
+			return measure(ctx, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
+				dw := rand.IntN(c)
+				if done[dw] == 0 {
+					return errors.New("no processed event to redeliver")
+				}
+				key, body := src.next(dw, rand.IntN(done[dw]))
+				return fn(ctx, key, body)
+			}), nil
+		}}
 	}
 
-	src = eventSource{prefix: o.tag + "lib" + strconv.Itoa(c), customers: customers}
-	next = make([]int, c)
-	checkpoint(ctx, dbURL)
-	logf("c=%d %s", c, scenLibrary)
-	out = append(out, measure(ctx, scenLibrary, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
-		key, body := src.next(w, next[w])
-		next[w]++
+	var list []scenario
+	if havePgbench {
+		list = append(list, scenario{name: scenLimit, measure: func(ctx context.Context) (sample, error) {
+			return runPgbench(ctx, o.tmp, script, dbURL, c, o.duration)
+		}})
+	}
+	naive, _ := newEvents(scenNaive, "naive", nil, func(ctx context.Context, key string, body []byte) error {
+		return processNaive(ctx, pool, key, body)
+	})
+	raw, _ := newEvents(scenRawPgx, "raw", nil, func(ctx context.Context, key string, body []byte) error {
+		return processRawPgx(ctx, pool, key, body)
+	})
+	batch, _ := newEvents(scenBatchPgx, "batch", nil, func(ctx context.Context, key string, body []byte) error {
+		return processBatchPgx(ctx, pool, key, body)
+	})
+	lib, libDone := newEvents(scenLibrary, "lib", nil, func(ctx context.Context, key string, body []byte) error {
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
-	}))
-
-	done := next
-	checkpoint(ctx, dbURL)
-	logf("c=%d %s", c, scenLibraryDup)
-	out = append(out, measure(ctx, scenLibraryDup, c, o.warmup, o.duration, nil, func(ctx context.Context, w int) error {
-		dw := rand.IntN(c)
-		if done[dw] == 0 {
-			return errors.New("no processed event to redeliver")
-		}
-		key, body := src.next(dw, rand.IntN(done[dw]))
+	})
+	libDup := redeliveries(scenLibraryDup, "lib", libDone, nil, func(ctx context.Context, key string, body []byte) error {
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeDuplicate)
-	}))
+	})
+	httpNew, httpDone := newEvents(scenHTTP, "http", example.recv, func(ctx context.Context, _ string, body []byte) error {
+		return example.post(ctx, body)
+	})
+	httpDup := redeliveries(scenHTTPDup, "http", httpDone, example.recv, func(ctx context.Context, _ string, body []byte) error {
+		return example.post(ctx, body)
+	})
+	base, _ := newEvents(scenBaselineHTTP, "base", baseline.recv, func(ctx context.Context, _ string, body []byte) error {
+		return baseline.post(ctx, body)
+	})
+	list = append(list, naive, raw, batch, lib, libDup, httpNew, httpDup, base)
+
+	rounds := map[string][]sample{}
+	for r := range o.rounds {
+		for _, sc := range list {
+			checkpoint(ctx, dbURL)
+			s, err := sc.measure(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("%s at concurrency %d: %w", sc.name, c, err)
+			}
+			logf("c=%-3d round %d/%d %-26s %8.0f events/s", c, r+1, o.rounds, sc.name, s.rate())
+			rounds[sc.name] = append(rounds[sc.name], s)
+		}
+	}
+	var out []cell
+	for _, sc := range list {
+		out = append(out, merge(sc.name, c, rounds[sc.name]))
+	}
 	return out, nil
 }
 
@@ -252,44 +277,47 @@ func openPool(ctx context.Context, dbURL string, c int) (*pgxpool.Pool, *txhook.
 	return pool, proc, nil
 }
 
-// overHTTP starts a receiver (the example, or the baseline) and measures new
-// events through it, then, for the example, redeliveries of those events.
-//
-// With cpuProfile set, the receiver (a build with the profiling overlay)
-// writes a CPU profile of its first seconds there, and only new events are
-// sent.
-func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) ([]cell, error) {
+// httpTarget is a receiver running as a child process.
+type httpTarget struct {
+	recv *receiver
+	post func(ctx context.Context, body []byte) error
+	stop func()
+}
+
+// startReceiver starts bin (the example, or this binary as the baseline)
+// on a free port and returns it with a load generator's post function for
+// c concurrent clients: it signs each body as Stripe does and expects 200.
+// With cpuProfile set, the receiver (the example built with the
+// instrumenting overlay) writes a CPU profile of its first profileDuration
+// there.
+func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) (*httpTarget, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
 	secret := "whsec_bench_" + strconv.Itoa(rand.IntN(1<<30))
-	cmd := exec.Command(bin)
+	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), env...)
 	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
 	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=",
 		mallocsEnv+"="+mallocFile)
 	if cpuProfile != "" {
-		// Stop the profile before the load does, so that it is complete
-		// when the receiver is stopped.
-		secs := max(1, int((o.warmup+o.duration).Seconds())-1)
-		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(secs))
+		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
 	}
 	// The example logs every delivery: to a file, so that reading it costs
 	// this process nothing.
-	errLog, err := os.CreateTemp("", "txhook-bench-receiver-")
+	logFile, err := os.CreateTemp(o.tmp, "receiver-log-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(errLog.Name())
-	defer errLog.Close()
-	cmd.Stdout, cmd.Stderr = errLog, errLog
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
+		logFile.Close()
 		return nil, fmt.Errorf("start %s receiver: %w", name, err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
+	stop := func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
 		case <-exited:
@@ -297,19 +325,21 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-	}()
+		logFile.Close()
+	}
 	if err := waitListening(addr, exited); err != nil {
-		b, _ := os.ReadFile(errLog.Name())
+		stop()
+		b, _ := os.ReadFile(logFile.Name())
 		return nil, fmt.Errorf("%s receiver: %w\n%s", name, err, b[max(0, len(b)-4096):])
 	}
-
 	client := &http.Client{
 		Timeout:   30 * time.Second,
 		Transport: &http.Transport{MaxIdleConns: c, MaxIdleConnsPerHost: c, DisableCompression: true},
 	}
 	signer := &handler.Stripe{Secrets: []string{secret}}
+	url := "http://" + addr + "/webhooks/stripe"
 	post := func(ctx context.Context, body []byte) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/webhooks/stripe", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
@@ -328,40 +358,8 @@ func overHTTP(ctx context.Context, o options, dbURL string, c int, name, bin str
 		}
 		return nil
 	}
-	prefix := o.tag + "http" + strconv.Itoa(c)
-	if env != nil {
-		prefix = o.tag + "base" + strconv.Itoa(c)
-	}
-	src := eventSource{prefix: prefix, customers: customers}
-	next := make([]int, c)
 	recv := &receiver{pid: cmd.Process.Pid, mallocs: func() (uint64, error) { return readMallocs(cmd.Process, mallocFile) }}
-	checkpoint(ctx, dbURL)
-	logf("c=%d %s", c, name)
-	var out []cell
-	cl := measure(ctx, name, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
-		_, body := src.next(w, next[w])
-		next[w]++
-		return post(ctx, body)
-	})
-	out = append(out, cl)
-	if env != nil || cpuProfile != "" {
-		return out, nil
-	}
-	done := next
-	var missing atomic.Int64
-	checkpoint(ctx, dbURL)
-	logf("c=%d %s", c, scenHTTPDup)
-	cl = measure(ctx, scenHTTPDup, c, o.warmup, o.duration, recv, func(ctx context.Context, w int) error {
-		dw := rand.IntN(c)
-		if done[dw] == 0 {
-			missing.Add(1)
-			return errors.New("no processed event to redeliver")
-		}
-		_, body := src.next(dw, rand.IntN(done[dw]))
-		return post(ctx, body)
-	})
-	out = append(out, cl)
-	return out, nil
+	return &httpTarget{recv: recv, post: post, stop: stop}, nil
 }
 
 func waitListening(addr string, exited <-chan struct{}) error {
