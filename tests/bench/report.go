@@ -350,12 +350,14 @@ func (r *report) explain(p func(string, ...any)) {
 		p("  In the library's CPU profile, %.1f%% of the samples are in txhook's own functions and %.1f%% have pgx on", r.profile.own, r.profile.areas[profileAreas[0].label])
 		p("  the stack (building, sending and reading the statements, the system calls included).")
 	}
-	if lib/raw >= 0.9 {
-		p("  So most of the distance to pgbench is the Go client's cost per round trip (a write and a read system call and a")
+	if lib/raw >= 0.95 {
+		p("  So the distance to pgbench is the Go client's cost per round trip (a write and a read system call and a")
 		p("  goroutine wake-up per statement, on a machine whose CPUs the client shares with PostgreSQL), not txhook's code.")
 	} else {
-		p("  The library is measurably slower than plain pgx with the same statements here: besides the Go client's cost per")
-		p("  round trip, txhook's own work per event (see the profile below) counts.")
+		p("  Most of the distance to pgbench is the Go client's cost per round trip (a write and a read system call and a")
+		p("  goroutine wake-up per statement, on a machine whose CPUs the client shares with PostgreSQL). The rest, the")
+		p("  library at %.2f× of plain pgx, lies in the calls txhook makes into pgx (its functions hold few samples of their", lib/raw)
+		p("  own) or in the variation between rounds (see the rounds column).")
 	}
 	hp := r.ratio(scenHTTP, scenLimit, c)
 	base := r.ratio(scenBaselineHTTP, scenLimit, c)
