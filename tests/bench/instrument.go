@@ -22,8 +22,8 @@ import (
 // request path is unchanged. The file
 //   - writes the process's allocation count to $TXHOOK_BENCH_MALLOCS on
 //     SIGUSR1, so the harness can read it at a window's edges;
-//   - profiles the process's first $TXHOOK_BENCH_CPUPROFILE_SECONDS into
-//     $TXHOOK_BENCH_CPUPROFILE when those are set.
+//   - on SIGUSR2, profiles the process for $TXHOOK_BENCH_CPUPROFILE_SECONDS
+//     into $TXHOOK_BENCH_CPUPROFILE, when those are set.
 const (
 	mallocsEnv        = "TXHOOK_BENCH_MALLOCS"
 	profileEnv        = "TXHOOK_BENCH_CPUPROFILE"
@@ -60,17 +60,22 @@ func init() {
 	if path == "" || secs <= 0 {
 		return
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return
-	}
-	time.AfterFunc(time.Duration(secs)*time.Second, func() {
+	start := make(chan os.Signal, 1)
+	signal.Notify(start, syscall.SIGUSR2)
+	go func() {
+		<-start
+		f, err := os.Create(path + ".tmp")
+		if err != nil {
+			return
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return
+		}
+		time.Sleep(time.Duration(secs) * time.Second)
 		pprof.StopCPUProfile()
 		f.Close()
-	})
+		_ = os.Rename(path+".tmp", path)
+	}()
 }
 `
 

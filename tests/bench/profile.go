@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/txhook/txhook"
@@ -53,32 +57,52 @@ func profileLibrary(ctx context.Context, o options, dbURL string, c int) (profil
 
 // profileExample runs the txhook HTTP load at concurrency c against bin,
 // the example built with the instrumenting overlay, and returns pprof's top
-// functions of the example's process.
-func profileExample(ctx context.Context, o options, dbURL, bin string, c int) (profileSummary, error) {
-	prof := filepath.Join(o.tmp, "example.cpu")
-	logf("c=%d profiling %s", c, scenHTTP)
+// functions of the example's process. With dup set the load is
+// redeliveries of events the example processed first.
+func profileExample(ctx context.Context, o options, dbURL, bin string, c int, dup bool) (profileSummary, error) {
+	name := scenHTTP
+	if dup {
+		name = scenHTTPDup
+	}
+	logf("c=%d profiling %s", c, name)
+	prof := filepath.Join(o.tmp, "example-"+strconv.FormatBool(dup)+".cpu")
 	ex, err := startReceiver(ctx, o, dbURL, c, scenHTTP, bin, nil, prof)
 	if err != nil {
 		return profileSummary{}, err
 	}
 	defer ex.stop()
-	src := eventSource{prefix: o.tag + "profhttp" + strconv.Itoa(c), customers: customers}
+	src := eventSource{prefix: o.tag + "profhttp" + strconv.FormatBool(dup) + strconv.Itoa(c), customers: customers}
 	next := make([]int, c)
-	// The profile runs for profileDuration from the process's start; the
-	// load outlasts it.
-	measure(ctx, c, 0, profileDuration+time.Second, nil, func(ctx context.Context, w int) error {
+	newEvent := func(ctx context.Context, w int) error {
 		_, body := src.next(w, next[w])
 		next[w]++
 		return ex.post(ctx, body)
-	})
-	for range 50 {
-		if st, err := os.Stat(prof); err == nil && st.Size() > 0 {
-			time.Sleep(200 * time.Millisecond) // let the writer finish
-			break
+	}
+	op := newEvent
+	if dup {
+		measure(ctx, c, 0, time.Second, nil, newEvent) // events to redeliver
+		done := slices.Clone(next)
+		op = func(ctx context.Context, w int) error {
+			dw := rand.IntN(c)
+			if done[dw] == 0 {
+				return errors.New("no processed event to redeliver")
+			}
+			_, body := src.next(dw, rand.IntN(done[dw]))
+			return ex.post(ctx, body)
+		}
+	}
+	if err := syscall.Kill(ex.recv.pid, syscall.SIGUSR2); err != nil {
+		return profileSummary{}, fmt.Errorf("start the example's profile: %w", err)
+	}
+	// The load outlasts the profile.
+	measure(ctx, c, 0, profileDuration+time.Second, nil, op)
+	for range 100 {
+		if _, err := os.Stat(prof); err == nil {
+			return pprofTop(prof)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return pprofTop(prof)
+	return profileSummary{}, errors.New("the example wrote no profile")
 }
 
 // profileAreas group a profile's samples by what their stacks contain. A

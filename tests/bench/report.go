@@ -296,11 +296,20 @@ func (r *report) markdown() string {
 	}
 	if r.httpProfile.text != "" {
 		p("")
-		p("CPU profile of the stripe-orders example under the txhook HTTP load at concurrency %d, in a separate run (the", r.profConc)
-		p("same overlay file profiles the process's first seconds, startup included):")
+		p("CPU profile of the stripe-orders example under the txhook HTTP load (new events) at concurrency %d, in a", r.profConc)
+		p("separate %v run (the same overlay file profiles the process on SIGUSR2):", profileDuration)
 		p("")
 		p("```")
 		p("%s", strings.TrimSpace(r.httpProfile.text))
+		p("```")
+	}
+	if r.dupProfile.text != "" {
+		p("")
+		p("CPU profile of the stripe-orders example under redeliveries of processed events (the duplicate path) at")
+		p("concurrency %d, in a separate %v run:", r.profConc, profileDuration)
+		p("")
+		p("```")
+		p("%s", strings.TrimSpace(r.dupProfile.text))
 		p("```")
 	}
 	if r.micro != "" {
@@ -378,5 +387,11 @@ func (r *report) explain(p func(string, ...any)) {
 	if d := r.ratio(scenHTTPDup, scenHTTP, c); d > 0 {
 		p("- A redelivery over HTTP costs the HTTP exchange, the signature check and three round trips (BEGIN, the dedupe")
 		p("  step finding the key, ROLLBACK) without a WAL flush; it runs at %.2f× the new-event rate (library: %.2f×).", d, r.ratio(scenLibraryDup, scenLibrary, c))
+		if r.dupProfile.text != "" {
+			a := r.dupProfile.areas
+			p("  In the example's CPU profile on that path: net/http %.1f%%, pgx %.1f%%, log/slog %.1f%%, encoding/json %.1f%%,",
+				a[profileAreas[1].label], a[profileAreas[0].label], a[profileAreas[3].label], a[profileAreas[2].label])
+			p("  crypto %.1f%%, txhook's own functions %.1f%%.", a[profileAreas[4].label], r.dupProfile.own)
+		}
 	}
 }

@@ -54,6 +54,7 @@ type report struct {
 	cells       []cell
 	profile     profileSummary // the library at profConc
 	httpProfile profileSummary // the example under HTTP load at profConc
+	dupProfile  profileSummary // the example under redeliveries at profConc
 	profConc    int
 	micro       string
 	payload     int
@@ -125,8 +126,11 @@ func run(ctx context.Context, o options) error {
 		if rep.profile, err = profileLibrary(ctx, o, dbURL, profileConcurrency); err != nil {
 			logf("profile the library: %v", err)
 		}
-		if rep.httpProfile, err = profileExample(ctx, o, dbURL, exampleBin, profileConcurrency); err != nil {
+		if rep.httpProfile, err = profileExample(ctx, o, dbURL, exampleBin, profileConcurrency, false); err != nil {
 			logf("profile the example: %v", err)
+		}
+		if rep.dupProfile, err = profileExample(ctx, o, dbURL, exampleBin, profileConcurrency, true); err != nil {
+			logf("profile the example's duplicate path: %v", err)
 		}
 	}
 	if o.micro {
@@ -288,8 +292,8 @@ type httpTarget struct {
 // on a free port and returns it with a load generator's post function for
 // c concurrent clients: it signs each body as Stripe does and expects 200.
 // With cpuProfile set, the receiver (the example built with the
-// instrumenting overlay) writes a CPU profile of its first profileDuration
-// there.
+// instrumenting overlay) writes a CPU profile of profileDuration there once
+// sent SIGUSR2.
 func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) (*httpTarget, error) {
 	addr, err := freeAddr()
 	if err != nil {
@@ -303,6 +307,7 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 		mallocsEnv+"="+mallocFile)
 	if cpuProfile != "" {
 		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
+		// The profile starts on SIGUSR2 (see instrumentOverlay).
 	}
 	// The example logs every delivery: to a file, so that reading it costs
 	// this process nothing.
