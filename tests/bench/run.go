@@ -181,7 +181,7 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	}
 	defer baseline.stop()
 
-	// in returns a scenario running fn for new events of its own, counting
+	// newEvents returns a scenario running fn for new events of its own, counting
 	// them per worker in next.
 	newEvents := func(name, prefix string, recv *receiver, fn func(ctx context.Context, key string, body []byte) error) (scenario, []int) {
 		src := eventSource{prefix: o.tag + prefix + strconv.Itoa(c), customers: customers}
