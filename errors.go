@@ -30,6 +30,7 @@ type ValidationError struct {
 	Err error
 }
 
+// Error names the field and the rule it broke.
 func (e *ValidationError) Error() string {
 	return fmt.Sprintf("txhook: invalid event %s: %v", e.Field, e.Err)
 }
@@ -49,6 +50,7 @@ type CommitUnknownError struct {
 	Err error
 }
 
+// Error describes the unknown outcome and its cause.
 func (e *CommitUnknownError) Error() string {
 	return "txhook: commit outcome unknown: " + e.Err.Error()
 }
@@ -76,6 +78,7 @@ func Permanent(err error) error {
 	return &PermanentError{Err: err}
 }
 
+// Error returns the wrapped error's text, marked permanent.
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 
 // Unwrap returns the wrapped error.
