@@ -16,7 +16,6 @@ package migrations
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -25,7 +24,8 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx/v5" database/sql driver
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 //go:embed *.sql
@@ -109,10 +109,13 @@ func run(ctx context.Context, databaseURL string, fsys fs.FS, table, verb string
 	if databaseURL == "" {
 		return fmt.Errorf("migrate %s: empty database URL", verb)
 	}
-	sqlDB, err := sql.Open("pgx/v5", databaseURL)
+	// Parsed as pgxpool does, so that a URL the application also gives
+	// pgxpool (pool_max_conns=… and the like) works here too.
+	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("migrate %s: open database: %w", verb, err)
+		return fmt.Errorf("migrate %s: parse database URL: %w", verb, err)
 	}
+	sqlDB := stdlib.OpenDB(*cfg.ConnConfig)
 	defer sqlDB.Close()
 	if err := sqlDB.PingContext(ctx); err != nil {
 		return fmt.Errorf("migrate %s: connect: %w", verb, err)

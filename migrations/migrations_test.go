@@ -123,12 +123,27 @@ func TestCoexistsWithApplicationMigrations(t *testing.T) {
 	}
 }
 
+// A URL written for pgxpool, with pool settings, works for migrations too.
+func TestUpAcceptsPoolSettingsInURL(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	if err := migrations.Up(t.Context(), d.URL+"&pool_max_conns=20&pool_min_conns=1"); err != nil {
+		t.Fatal(err)
+	}
+	if !tableExists(t, d, "txhook_processed_events") {
+		t.Error("Up did not apply the migrations")
+	}
+}
+
 func TestUpRejectsBadURL(t *testing.T) {
 	if err := migrations.Up(context.Background(), ""); err == nil {
 		t.Error("empty URL accepted")
 	}
 	if err := migrations.Up(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
 		t.Error("unreachable database accepted")
+	}
+	if err := migrations.Up(context.Background(), "postgres://x@127.0.0.1/db?pool_max_conns=many"); err == nil {
+		t.Error("malformed URL accepted")
 	}
 }
 
