@@ -303,7 +303,12 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), env...)
 	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
-	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=",
+	// A pool of c connections, like every other row.
+	poolURL, err := withPoolSize(dbURL, c)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = append(cmd.Env, "DATABASE_URL="+poolURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=",
 		mallocsEnv+"="+mallocFile)
 	if cpuProfile != "" {
 		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
@@ -342,9 +347,9 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 		Transport: &http.Transport{MaxIdleConns: c, MaxIdleConnsPerHost: c, DisableCompression: true},
 	}
 	signer := &handler.Stripe{Secrets: []string{secret}}
-	url := "http://" + addr + "/webhooks/stripe"
+	endpoint := "http://" + addr + "/webhooks/stripe"
 	post := func(ctx context.Context, body []byte) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
@@ -365,6 +370,20 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 	}
 	recv := &receiver{pid: cmd.Process.Pid, mallocs: func() (uint64, error) { return readMallocs(cmd.Process, mallocFile) }}
 	return &httpTarget{recv: recv, post: post, stop: stop}, nil
+}
+
+// withPoolSize returns dbURL with pgxpool's pool_max_conns and
+// pool_min_conns set to n.
+func withPoolSize(dbURL string, n int) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", fmt.Errorf("parse database URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(n))
+	q.Set("pool_min_conns", strconv.Itoa(n))
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 func waitListening(addr string, exited <-chan struct{}) error {
