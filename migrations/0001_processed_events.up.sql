@@ -35,6 +35,9 @@ CREATE TABLE txhook_processed_events (
 --   one row with status 'in_progress' a lease-mode claim holds the key: in flight;
 --   no row                            the key is done or failed: a duplicate.
 -- A lock wait past the bound raises SQLSTATE 55P03 (lock_not_available): in flight.
+-- A duplicate takes no row lock and writes nothing: the insert does nothing on conflict, and the
+-- status is then read in a new snapshot (a VOLATILE function's statements each take one under
+-- READ COMMITTED), which sees the row that the insert waited for.
 CREATE FUNCTION txhook_insert_event(
     p_source text,
     p_event_key text,
@@ -43,7 +46,7 @@ CREATE FUNCTION txhook_insert_event(
     p_payload_hash bytea,
     p_lock_timeout text
 ) RETURNS TABLE (status text, lease_expires_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     saved_lock_timeout text := current_setting('lock_timeout');
 BEGIN
@@ -52,10 +55,16 @@ BEGIN
     INSERT INTO txhook_processed_events AS e
         (source, event_key, event_type, status, completed_at, payload, payload_hash)
     VALUES (p_source, p_event_key, p_event_type, 'done', now(), p_payload, p_payload_hash)
-    ON CONFLICT (source, event_key) DO UPDATE
-        SET status = e.status
-        WHERE e.status = 'in_progress'
+    ON CONFLICT (source, event_key) DO NOTHING
     RETURNING e.status, e.lease_expires_at;
+    IF FOUND THEN
+        PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+        RETURN;
+    END IF;
     PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+    RETURN QUERY
+    SELECT e.status, e.lease_expires_at
+    FROM txhook_processed_events AS e
+    WHERE e.source = p_source AND e.event_key = p_event_key AND e.status = 'in_progress';
 END
 $$;
