@@ -200,9 +200,9 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 
 	// Phase two: the done mark first, so that a lost claim is found before
 	// the business writes and the row stays locked against takeovers until
-	// COMMIT.
-	err = runTx(ctx, p.db, p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
-		n, err := db.New(tx).CompleteLease(ctx, db.CompleteLeaseParams{
+	// COMMIT. The done mark shares a round trip with BEGIN.
+	markDone := func(ctx context.Context, q db.DBTX) error {
+		n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
 			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token),
 		})
 		switch {
@@ -210,7 +210,11 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 			return fmt.Errorf("mark event done: %w", err)
 		case n == 0:
 			return ErrLeaseLost
-		case commit == nil:
+		}
+		return nil
+	}
+	err = runTx(ctx, p.db, p.txOpts, markDone, func(ctx context.Context, tx pgx.Tx) error {
+		if commit == nil {
 			return nil
 		}
 		if err := commit(ctx, tx); err != nil {
@@ -303,7 +307,7 @@ func (p *Processor) autocommit(ctx context.Context, fn func(ctx context.Context,
 	if d, ok := p.db.(db.DBTX); ok {
 		return fn(ctx, db.New(d))
 	}
-	return runTx(ctx, p.db, p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+	return runTx(ctx, p.db, p.txOpts, nil, func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, db.New(tx))
 	}, nil)
 }

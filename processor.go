@@ -162,9 +162,16 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 		return Result{}, err
 	}
 	var res Result
-	err := runTx(ctx, p.db, p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+	// The dedupe step is the transaction's first statement, sent in the same
+	// round trip as BEGIN; the handler runs only for a new key.
+	dedupe := func(ctx context.Context, q db.DBTX) error {
 		var err error
-		res, err = p.apply(ctx, tx, ev, h)
+		res, err = p.dedupe(ctx, q, ev)
+		return err
+	}
+	err := runTx(ctx, p.db, p.txOpts, dedupe, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		res, err = p.handle(ctx, tx, ev, h)
 		return err
 	}, func() { p.crash.at(CrashBeforeCommit) })
 	switch {
@@ -222,7 +229,17 @@ func (p *Processor) check(ev Event, h HandlerFunc) error {
 // apply runs the dedupe step and, for a new key, the handler. It returns
 // errRollback (with the result) when there is nothing to commit.
 func (p *Processor) apply(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
-	row, err := db.New(tx).InsertEvent(ctx, db.InsertEventParams{
+	if res, err := p.dedupe(ctx, tx, ev); err != nil {
+		return res, err
+	}
+	return p.handle(ctx, tx, ev, h)
+}
+
+// dedupe records ev's key in the transaction q runs in. A nil error means the
+// key is new and the transaction owns it; a duplicate or in-flight key
+// returns its result with errRollback.
+func (p *Processor) dedupe(ctx context.Context, q db.DBTX, ev Event) (Result, error) {
+	row, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
 		Source:      ev.Source,
 		EventKey:    ev.Key,
 		EventType:   ev.Type,
@@ -241,6 +258,11 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFun
 		return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}, errRollback
 	}
 	p.crash.at(CrashAfterInsert)
+	return Result{}, nil
+}
+
+// handle runs h for a key dedupe found new.
+func (p *Processor) handle(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
 	if err := h(ctx, tx, ev); err != nil {
 		if IsPermanent(err) {
 			return Result{}, err

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txhook/txhook/db"
 )
 
 // Beginner starts transactions. *pgxpool.Pool, *pgx.Conn and pgx.Tx (a nested
@@ -84,15 +86,21 @@ var errRollback = errors.New("txhook: rollback requested")
 // ctx bounds BEGIN and fn; COMMIT and ROLLBACK are bounded by
 // opts.FinishTimeout instead.
 func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
-	return runTx(ctx, db, opts.withDefaults(), fn, nil)
+	return runTx(ctx, db, opts.withDefaults(), nil, fn, nil)
 }
 
-// runTx is RunTx with options already defaulted and a hook that runs after fn
-// succeeds, immediately before COMMIT.
-func runTx(ctx context.Context, db Beginner, o TxOptions, fn TxFunc, beforeCommit func()) error {
+// firstFunc is a transaction's first step. Its first statement shares a round
+// trip with BEGIN when the database allows (see beginWith); q runs statements
+// in the transaction.
+type firstFunc func(ctx context.Context, q db.DBTX) error
+
+// runTx is RunTx with options already defaulted, an optional first step that
+// runs before fn (its error ends the attempt like fn's), and a hook that runs
+// after fn succeeds, immediately before COMMIT.
+func runTx(ctx context.Context, d Beginner, o TxOptions, first firstFunc, fn TxFunc, beforeCommit func()) error {
 	txOpts := pgx.TxOptions{IsoLevel: o.IsoLevel, AccessMode: o.AccessMode}
 	for attempt := 1; ; attempt++ {
-		err := runTxOnce(ctx, db, txOpts, o.FinishTimeout, fn, beforeCommit)
+		err := runTxOnce(ctx, d, txOpts, o.FinishTimeout, first, fn, beforeCommit)
 		if err == nil || attempt >= o.MaxAttempts || !isRetryable(err) {
 			return err
 		}
@@ -102,10 +110,10 @@ func runTx(ctx context.Context, db Beginner, o TxOptions, fn TxFunc, beforeCommi
 	}
 }
 
-func runTxOnce(ctx context.Context, db Beginner, txOpts pgx.TxOptions, finish time.Duration, fn TxFunc, beforeCommit func()) (err error) {
-	tx, err := db.BeginTx(ctx, txOpts)
-	if err != nil {
-		return &beginError{err: err}
+func runTxOnce(ctx context.Context, d Beginner, txOpts pgx.TxOptions, finish time.Duration, first firstFunc, fn TxFunc, beforeCommit func()) (err error) {
+	tx, err := beginWith(ctx, d, txOpts, first)
+	if tx == nil {
+		return err
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -113,6 +121,10 @@ func runTxOnce(ctx context.Context, db Beginner, txOpts pgx.TxOptions, finish ti
 			panic(p)
 		}
 	}()
+	if err != nil {
+		rollback(ctx, tx, finish)
+		return err
+	}
 	if err := fn(ctx, tx); err != nil {
 		rollback(ctx, tx, finish)
 		return err

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -127,7 +128,11 @@ func TestCoexistsWithApplicationMigrations(t *testing.T) {
 func TestUpAcceptsPoolSettingsInURL(t *testing.T) {
 	t.Parallel()
 	d := emptyDB(t)
-	if err := migrations.Up(t.Context(), d.URL+"&pool_max_conns=20&pool_min_conns=1"); err != nil {
+	sep := "?"
+	if strings.Contains(d.URL, "?") {
+		sep = "&"
+	}
+	if err := migrations.Up(t.Context(), d.URL+sep+"pool_max_conns=20&pool_min_conns=1"); err != nil {
 		t.Fatal(err)
 	}
 	if !tableExists(t, d, "txhook_processed_events") {

@@ -1,0 +1,316 @@
+package txhook_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook"
+)
+
+// trace records what a connection sends: each Query/Exec call and each
+// batch (one round trip) with the statements queued in it.
+type trace struct {
+	mu    sync.Mutex
+	sends [][]string
+}
+
+func (tr *trace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.sends = append(tr.sends, []string{label(d.SQL)})
+	return ctx
+}
+
+func (tr *trace) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (tr *trace) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var stmts []string
+	for _, q := range d.Batch.QueuedQueries {
+		stmts = append(stmts, label(q.SQL))
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.sends = append(tr.sends, stmts)
+	return ctx
+}
+
+func (tr *trace) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (tr *trace) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// take returns what was sent since the last call.
+func (tr *trace) take() [][]string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	s := tr.sends
+	tr.sends = nil
+	return s
+}
+
+// label shortens a statement to what the tests compare: the sqlc query name
+// for generated queries, the statement itself otherwise.
+func label(sql string) string {
+	if name, ok := strings.CutPrefix(sql, "-- name: "); ok {
+		return strings.Fields(name)[0]
+	}
+	return strings.ToLower(strings.TrimSpace(sql))
+}
+
+func tracedPool(t *testing.T, url string) (*pgxpool.Pool, *trace) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &trace{}
+	cfg.ConnConfig.Tracer = tr
+	// One connection, opened before the test looks: connecting sends
+	// nothing traced, and every Process then uses this connection.
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, tr
+}
+
+func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := event("evt_rt")
+	// The first call on a connection also prepares the statements; warm up
+	// with another key so that the cases below see the steady state.
+	mustProcess(t, p, event("evt_warm"), insertEffect, txhook.OutcomeProcessed)
+	tr.take()
+
+	cases := []struct {
+		name string
+		want txhook.Outcome
+		sent [][]string
+	}{
+		{"new", txhook.OutcomeProcessed, [][]string{
+			{"begin", "InsertEvent"},
+			{"insert into effects (event_key) values ($1)"},
+			{"commit"},
+		}},
+		{"duplicate", txhook.OutcomeDuplicate, [][]string{
+			{"begin", "InsertEvent"},
+			{"rollback"},
+		}},
+	}
+	for _, c := range cases {
+		mustProcess(t, p, ev, insertEffect, c.want)
+		if got := tr.take(); !slices.EqualFunc(got, c.sent, slices.Equal) {
+			t.Errorf("%s: round trips %q, want %q", c.name, got, c.sent)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("%s: %d connections still acquired", c.name, n)
+		}
+	}
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// TestProcessOnOneConnection runs every outcome on a *pgx.Conn and on a
+// *pgxpool.Conn: the pipelined BEGIN must leave the connection outside any
+// transaction whatever happened.
+func TestProcessOnOneConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pc, err := b.pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	conn, err := pgx.Connect(t.Context(), b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+
+	for _, c := range []struct {
+		name string
+		db   txhook.Beginner
+		pg   *pgx.Conn
+	}{{"pgx.Conn", conn, conn}, {"pgxpool.Conn", pc, pc.Conn()}} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := txhook.NewProcessor(c.db, &txhook.Config{LockTimeout: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			idle := func(step string) {
+				t.Helper()
+				if s := c.pg.PgConn().TxStatus(); s != 'I' {
+					t.Fatalf("%s: connection transaction status %q, want idle", step, s)
+				}
+			}
+			ev := event("evt_one_" + c.name)
+			if _, err := p.Process(t.Context(), ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+				if err := insertEffect(ctx, tx, ev); err != nil {
+					return err
+				}
+				return errors.New("handler failed")
+			}); err == nil {
+				t.Fatal("handler error not returned")
+			}
+			idle("handler error")
+			mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+			idle("processed")
+			mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
+			idle("duplicate")
+
+			// A delivery on the other processor holds a key: in flight.
+			held := event("evt_held_" + c.name)
+			release := make(chan struct{})
+			first := holdKey(t, b.processor(t, nil), held, release, false)
+			mustProcess(t, p, held, insertEffect, txhook.OutcomeInFlight)
+			idle("in flight")
+			close(release)
+			if err := <-first; err != nil {
+				t.Fatal(err)
+			}
+			if n := b.effects(t, ev.Key); n != 1 {
+				t.Errorf("effects = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// TestDedupeStepSerializationFailureIsRetried makes the pipelined first
+// statement itself fail with 40001 once: the attempt must roll back and the
+// retry process the event, with the handler run once.
+func TestDedupeStepSerializationFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// nextval is not rolled back, so only the first insert fails.
+	if _, err := b.pool.Exec(t.Context(), `
+		CREATE SEQUENCE fail_once;
+		CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('fail_once') = 1 THEN
+				RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fail_first_insert BEFORE INSERT ON txhook_processed_events
+			FOR EACH ROW EXECUTE FUNCTION fail_first_insert();`); err != nil {
+		t.Fatal(err)
+	}
+	p := b.processor(t, &txhook.Config{Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
+	ev := event("evt_dedupe_40001")
+	calls := 0
+	mustProcess(t, p, ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		calls++
+		return insertEffect(ctx, tx, ev)
+	}, txhook.OutcomeProcessed)
+	if calls != 1 {
+		t.Errorf("handler calls = %d, want 1", calls)
+	}
+	if n := b.count(t, "SELECT last_value::int FROM fail_once"); n != 2 {
+		t.Errorf("dedupe inserts attempted = %d, want 2", n)
+	}
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired", n)
+	}
+}
+
+// TestDeadPooledConnection ends the server side of every pooled connection:
+// the pipelined BEGIN meets a dead connection, which must not be handed back
+// to the pool, and the event must still be applied once.
+func TestDeadPooledConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
+	mustProcess(t, p, event("evt_before"), insertEffect, txhook.OutcomeProcessed)
+	admin, err := pgx.Connect(t.Context(), b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	var killed int
+	if err := admin.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid))::int FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed == 0 {
+		t.Fatal("no pooled connection to end")
+	}
+	ev := event("evt_after")
+	applied := 0
+	for attempt := 1; attempt <= 5 && applied == 0; attempt++ {
+		res, err := p.Process(t.Context(), ev, insertEffect)
+		switch {
+		case err != nil:
+			t.Logf("attempt %d: %v", attempt, err)
+		case res.Outcome == txhook.OutcomeProcessed:
+			applied = attempt
+		default:
+			t.Fatalf("attempt %d: outcome %v", attempt, res.Outcome)
+		}
+	}
+	if applied == 0 {
+		t.Fatal("event not applied after the connections died")
+	}
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired", n)
+	}
+}
+
+func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := txhook.LeaseHandler{
+		Lease: 10 * time.Second,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
+		},
+	}
+	lease := func(key string) {
+		t.Helper()
+		res, err := p.ProcessLease(t.Context(), event(key), h)
+		if err != nil || res.Outcome != txhook.OutcomeProcessed {
+			t.Fatalf("process lease %s: %v, %v", key, res.Outcome, err)
+		}
+	}
+	lease("evt_lease_warm")
+	tr.take()
+	lease("evt_lease_rt")
+	want := [][]string{
+		{"ClaimEvent"},
+		{"begin", "CompleteLease"},
+		{"insert into effects (event_key) values ($1)"},
+		{"commit"},
+	}
+	if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("round trips %q, want %q", got, want)
+	}
+	if n := b.effects(t, "evt_lease_rt"); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
