@@ -20,25 +20,33 @@ import (
 // does); the order insert and the customer total upsert (the example's
 // sqlc queries InsertOrder and AddCustomerSpend); COMMIT. Run with
 // -M prepared, like pgx's statement cache. The stored payload is the body
-// of a real event of the same size.
+// of a real event of the same size. The %s before BEGIN and the one after
+// the dedupe step take \startpipeline and \endpipeline in the pipelined
+// script.
 const pgbenchScript = `\set n random(1, 1000000000000)
 \set cus random(0, %d)
 \set amount random(100, 9999)
-BEGIN;
+%sBEGIN;
 SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
 FROM txhook_insert_event('stripe', ('evt_limit_' || :n::text)::text, 'checkout.session.completed'::text, decode('%s', 'hex'), NULL::bytea, '2000ms'::text);
-INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
+%sINSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
 INSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent;
 END;
 `
 
 // writePgbenchScript writes the script into dir with payload as the stored
-// body.
-func writePgbenchScript(dir string, payload []byte, customers int) (string, error) {
+// body. With pipelined set, BEGIN and the dedupe step share a round trip
+// (pgbench's \startpipeline), as txhook sends them; otherwise every statement
+// is a round trip of its own.
+func writePgbenchScript(dir string, payload []byte, customers int, pipelined bool) (string, error) {
 	// Hex, because pgbench would read the JSON's colons as variables.
 	lit := hex.EncodeToString(payload)
-	path := filepath.Join(dir, "event.sql")
-	script := fmt.Sprintf(pgbenchScript, customers-1, lit)
+	name, start, end := "event.sql", "", ""
+	if pipelined {
+		name, start, end = "event-pipelined.sql", "\\startpipeline\n", "\\endpipeline\n"
+	}
+	path := filepath.Join(dir, name)
+	script := fmt.Sprintf(pgbenchScript, customers-1, start, lit, end)
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		return "", fmt.Errorf("write pgbench script: %w", err)
 	}

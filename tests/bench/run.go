@@ -29,6 +29,7 @@ import (
 // Scenario names, as they appear in the report.
 const (
 	scenLimit        = "limit (pgbench)"
+	scenLimitPipe    = "limit, BEGIN pipelined (pgbench)"
 	scenNaive        = "naive dedupe"
 	scenLibrary      = "txhook library"
 	scenLibraryDup   = "duplicate storm (library)"
@@ -104,9 +105,11 @@ func run(ctx context.Context, o options) error {
 
 	_, sample := eventSource{prefix: o.tag + "lib8", customers: customers}.next(0, 0)
 	rep.payload = len(sample)
-	script, err := writePgbenchScript(dir, sample, customers)
-	if err != nil {
-		return err
+	var scripts [2]string // one round trip per statement; BEGIN pipelined with the dedupe step
+	for i, pipelined := range []bool{false, true} {
+		if scripts[i], err = writePgbenchScript(dir, sample, customers, pipelined); err != nil {
+			return err
+		}
 	}
 	havePgbench := true
 	if _, err := exec.LookPath("pgbench"); err != nil {
@@ -115,7 +118,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	for _, c := range o.conc {
-		cells, err := atConcurrency(ctx, o, dbURL, c, exampleBin, self, script, havePgbench)
+		cells, err := atConcurrency(ctx, o, dbURL, c, exampleBin, self, scripts, havePgbench)
 		if err != nil {
 			return err
 		}
@@ -164,7 +167,7 @@ type scenario struct {
 // each running the scenarios one after the other, so that a change in the
 // machine's load touches every row alike; a row's rate is the median of its
 // rounds.
-func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleBin, self, script string, havePgbench bool) ([]cell, error) {
+func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleBin, self string, scripts [2]string, havePgbench bool) ([]cell, error) {
 	pool, proc, err := openPool(ctx, dbURL, c)
 	if err != nil {
 		return nil, err
@@ -213,7 +216,9 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	var list []scenario
 	if havePgbench {
 		list = append(list, scenario{name: scenLimit, measure: func(ctx context.Context) (sample, error) {
-			return runPgbench(ctx, o.tmp, script, dbURL, c, o.duration)
+			return runPgbench(ctx, o.tmp, scripts[0], dbURL, c, o.duration)
+		}}, scenario{name: scenLimitPipe, measure: func(ctx context.Context) (sample, error) {
+			return runPgbench(ctx, o.tmp, scripts[1], dbURL, c, o.duration)
 		}})
 	}
 	naive, _ := newEvents(scenNaive, "naive", nil, func(ctx context.Context, key string, body []byte) error {
