@@ -11,6 +11,27 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const eventSettled = `-- name: EventSettled :one
+SELECT EXISTS (
+    SELECT 1 FROM txhook_processed_events
+    WHERE source = $1 AND event_key = $2 AND status <> 'in_progress'
+) AS settled
+`
+
+type EventSettledParams struct {
+	Source   string
+	EventKey string
+}
+
+// Whether the key is already done or failed, so that a delivery of it is a duplicate: a plain read
+// outside any transaction, which the Processor sends first while most deliveries are duplicates.
+func (q *Queries) EventSettled(ctx context.Context, arg EventSettledParams) (bool, error) {
+	row := q.db.QueryRow(ctx, eventSettled, arg.Source, arg.EventKey)
+	var settled bool
+	err := row.Scan(&settled)
+	return settled, err
+}
+
 const getEvent = `-- name: GetEvent :one
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2

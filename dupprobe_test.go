@@ -1,0 +1,143 @@
+package txhook_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+)
+
+// storm redelivers ev until the processor reads before its transactions:
+// 11 duplicates in a row pass the one-half mark (see dupShare).
+func storm(t *testing.T, p *txhook.Processor, ev txhook.Event) {
+	t.Helper()
+	for range 12 {
+		mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
+	}
+}
+
+func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := event("evt_storm")
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	storm(t, p, ev)
+	tr.take()
+
+	steps := []struct {
+		name string
+		ev   txhook.Event
+		want txhook.Outcome
+		sent [][]string
+	}{
+		{"duplicate in a storm", ev, txhook.OutcomeDuplicate, [][]string{{"EventSettled"}}},
+		{"new event in a storm", event("evt_new_in_storm"), txhook.OutcomeProcessed, [][]string{
+			{"EventSettled"},
+			{"begin", "InsertEvent"},
+			{"insert into effects (event_key) values ($1)"},
+			{"commit"},
+		}},
+	}
+	for _, s := range steps {
+		mustProcess(t, p, s.ev, insertEffect, s.want)
+		if got := tr.take(); !slices.EqualFunc(got, s.sent, slices.Equal) {
+			t.Errorf("%s: round trips %q, want %q", s.name, got, s.sent)
+		}
+	}
+	// New events end the storm: the read stops within a dozen of them.
+	for i := range 12 {
+		mustProcess(t, p, event("evt_after_storm_"+string(rune('a'+i))), insertEffect, txhook.OutcomeProcessed)
+	}
+	tr.take()
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
+	want := [][]string{{"begin", "InsertEvent"}, {"rollback"}}
+	if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("duplicate after the storm: round trips %q, want %q", got, want)
+	}
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// TestReadDuringStormDecidesOnlyDuplicates: while the processor reads first,
+// keys that are not settled (held by an uncommitted delivery, claimed in
+// lease mode, or new) still go through the transaction's dedupe step, and a
+// failed key is a duplicate as it is without the read.
+func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{LockTimeout: 100 * time.Millisecond})
+	seed := event("evt_seed")
+	mustProcess(t, p, seed, insertEffect, txhook.OutcomeProcessed)
+
+	// Held by an uncommitted delivery on another processor.
+	held := event("evt_held")
+	release := make(chan struct{})
+	first := holdKey(t, b.processor(t, nil), held, release, false)
+	storm(t, p, seed)
+	mustProcess(t, p, held, insertEffect, txhook.OutcomeInFlight)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	storm(t, p, seed)
+	mustProcess(t, p, held, insertEffect, txhook.OutcomeDuplicate)
+
+	// Claimed in lease mode by a worker still running.
+	claimed := event("evt_claimed")
+	working := make(chan struct{})
+	finish := make(chan struct{})
+	leaseDone := make(chan error, 1)
+	go func() {
+		_, err := p.ProcessLease(context.Background(), claimed, txhook.LeaseHandler{
+			Lease: time.Minute,
+			Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+				close(working)
+				<-finish
+				return nil, nil
+			},
+		})
+		leaseDone <- err
+	}()
+	<-working
+	storm(t, p, seed)
+	res := mustProcess(t, p, claimed, insertEffect, txhook.OutcomeInFlight)
+	if res.RetryAfter < 30*time.Second {
+		t.Errorf("RetryAfter = %v, want the lease's remaining time", res.RetryAfter)
+	}
+	close(finish)
+	if err := <-leaseDone; err != nil {
+		t.Fatal(err)
+	}
+
+	// Recorded as failed: a duplicate, handler not run.
+	failed := event("evt_failed")
+	if _, err := p.Process(t.Context(), failed, func(context.Context, pgx.Tx, txhook.Event) error {
+		return txhook.Permanent(errors.New("cannot apply"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	storm(t, p, seed)
+	mustProcess(t, p, failed, func(context.Context, pgx.Tx, txhook.Event) error {
+		t.Error("handler ran for a failed key")
+		return nil
+	}, txhook.OutcomeDuplicate)
+
+	// New: processed once.
+	storm(t, p, seed)
+	fresh := event("evt_fresh")
+	mustProcess(t, p, fresh, insertEffect, txhook.OutcomeProcessed)
+	if n := b.effects(t, fresh.Key) + b.effects(t, held.Key) + b.effects(t, seed.Key); n != 3 {
+		t.Errorf("effects = %d, want 3", n)
+	}
+}
