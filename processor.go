@@ -120,7 +120,10 @@ type Processor struct {
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
 // *pgxpool.Pool. The database must have txhook's migrations applied (see the
-// migrations package).
+// migrations package). On a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, BEGIN
+// shares a round trip with the transaction's first statement; any other
+// Beginner (a pgx.Tx, a wrapper) gets a BEGIN of its own and no duplicate
+// read (see Processor).
 func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("txhook: new processor: nil database")
