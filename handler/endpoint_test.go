@@ -510,3 +510,69 @@ func TestLongKeyClippedInReports(t *testing.T) {
 		t.Error("logs hold the whole key")
 	}
 }
+
+// TestAnswerIsSentBeforeReporting: the sender has its answer while the
+// observer still runs, so a slow log or metrics sink does not hold it.
+func TestAnswerIsSentBeforeReporting(t *testing.T) {
+	t.Parallel()
+	p := &handler.Stripe{Secrets: []string{stripeSecret}}
+	observing := make(chan struct{})
+	release := make(chan struct{})
+	proc, err := txhook.NewProcessor(testdb.New(t).Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := handler.New(proc, &handler.Config{
+		Source:   "stripe",
+		Provider: p,
+		Routes: map[string]handler.Route{
+			"invoice.paid": handler.RouteFunc(func(context.Context, *txhook.Processor, txhook.Event) (txhook.Result, error) {
+				return txhook.Result{Outcome: txhook.OutcomeProcessed}, nil
+			}),
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Observer: handler.ObserverFunc(func(context.Context, handler.Report) {
+			close(observing)
+			<-release
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(ep)
+	defer srv.Close()
+	defer close(release) // before srv.Close, which waits for the handler
+
+	body := stripeEvent("evt_early", "invoice.paid")
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sign(req.Header, []byte(body), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := srv.Client().Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatalf("no answer while the observer runs: %v", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || !strings.Contains(string(raw), `"processed"`) {
+		t.Errorf("answer %d %s, want 200 processed", resp.StatusCode, raw)
+	}
+	if resp.ContentLength != int64(len(raw)) || resp.TransferEncoding != nil {
+		t.Errorf("Content-Length %d, transfer encoding %v; want the body's length, not chunked", resp.ContentLength, resp.TransferEncoding)
+	}
+	// The observer is called, and is still blocked: the answer above came
+	// while it ran.
+	select {
+	case <-observing:
+	case <-ctx.Done():
+		t.Error("the observer was never called")
+	}
+}
