@@ -293,6 +293,17 @@ func (r *report) markdown() string {
 		p("  the txhook library %.2f and %.2f. txhook's own cost over plain pgx: %+.2f ms per event.",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
+	if l8, ok := r.find(scenLimit, 8); ok {
+		for _, c := range r.opts.conc {
+			lc, ok := r.find(scenLimit, c)
+			if !ok || c <= 8 || lc.CPU.Rest < 1.3*l8.CPU.Rest {
+				continue
+			}
+			p("- At c=%d pgbench itself slows down: PostgreSQL spends %.2f ms of CPU per pgbench transaction against %.2f at c=8", c, lc.CPU.Rest, l8.CPU.Rest)
+			p("  (with %d backends wanting %d CPUs). The Go clients spend longer between statements and keep fewer backends", c, runtime.NumCPU())
+			p("  running at once, so at this concurrency they can pass the limit: read ratios above 1× here that way.")
+		}
+	}
 	if r.profile.text != "" {
 		p("")
 		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)
