@@ -266,10 +266,6 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", strconv.FormatInt(retrySeconds(a.retryAfter), 10))
 	}
 	writeJSON(w, a.status, a.outcome)
-	// Send the answer before logging and observing, so that neither adds to
-	// the sender's wait. A writer that cannot flush sends it when
-	// ServeHTTP returns, as usual.
-	_ = http.NewResponseController(w).Flush()
 	e.report(r.Context(), Report{
 		Source:   e.source,
 		Key:      clip(d.Key),
@@ -495,12 +491,10 @@ func writeJSON(w http.ResponseWriter, status int, o Outcome) {
 		}{o, messages[o]}
 	}
 	b, _ := json.Marshal(v)
-	b = append(b, '\n')
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	w.Write(b)
+	w.Write(append(b, '\n'))
 }
 
 func (e *Endpoint) report(ctx context.Context, r Report) {

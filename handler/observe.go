@@ -48,10 +48,9 @@ type Report struct {
 	Err error
 }
 
-// Observer receives a Report for every delivery, after the answer has been
-// sent. It is called synchronously and must be safe for concurrent use; keep
-// it fast (count, record, return): the sender has its answer, but the
-// connection serves no other request until it returns. See the otelhook module for an
+// Observer receives a Report for every delivery, after the answer is
+// written. It is called synchronously and must be safe for concurrent use;
+// keep it fast (count, record, return). See the otelhook module for an
 // OpenTelemetry metrics adapter.
 type Observer interface {
 	ObserveDelivery(ctx context.Context, r Report)
