@@ -291,7 +291,7 @@ func (r *report) markdown() string {
 		}
 		p("- c=%d: pgbench spends %.2f ms per event in the client and %.2f in the rest; pgx with the same SQL %.2f and %.2f;",
 			c, lim.CPU.Client, lim.CPU.Rest, raw.CPU.Client, raw.CPU.Rest)
-		p("  the txhook library %.2f and %.2f. txhook's own cost over plain pgx: %+.2f ms per event.",
+		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends one round trip fewer).",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
 	if l8, ok := r.find(scenLimit, 8); ok {
