@@ -115,8 +115,12 @@ type firstRow struct {
 	args []any
 }
 
-// Scan sends the batch and scans the statement's row into dest.
+// Scan sends the batch and scans the statement's row into dest. A second
+// Scan is refused: the statement has run.
 func (r firstRow) Scan(dest ...any) error {
+	if r.b.tx != nil {
+		return errors.New("txhook: the pipelined first statement's row was already scanned")
+	}
 	return r.b.send(r.ctx, r.sql, r.args, func(br pgx.BatchResults) error {
 		return br.QueryRow().Scan(dest...)
 	})
