@@ -131,30 +131,27 @@ func (r firstRow) Scan(dest ...any) error {
 // one round trip. The transaction is returned whenever it was begun, also
 // when first failed (the caller rolls it back); a failure to begin is a
 // *beginError.
-func beginWith(ctx context.Context, d Beginner, opts pgx.TxOptions, first func(ctx context.Context, q db.DBTX) error) (pgx.Tx, error) {
+func beginWith(ctx context.Context, d Beginner, opts pgx.TxOptions, first firstFunc) (pgx.Tx, error) {
 	s := pipeliner(d)
 	if s == nil || first == nil {
 		tx, err := d.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, &beginError{err: err}
 		}
-		if first != nil {
-			return tx, first(ctx, tx)
+		if first == nil {
+			return tx, nil
 		}
-		return tx, nil
+		return tx, first(ctx, tx)
 	}
 	b := &beginFirst{sender: s, opts: opts}
 	ferr := first(ctx, b)
 	switch {
-	case b.tx == nil && ferr != nil:
-		return nil, ferr
 	case b.tx == nil:
-		// first ran no statement; the transaction still has to exist.
-		tx, err := d.BeginTx(ctx, opts)
-		if err != nil {
-			return nil, &beginError{err: err}
+		// Nothing was sent: first failed before its statement, or has none.
+		if ferr == nil {
+			ferr = errors.New("txhook: a transaction's first step ran no statement")
 		}
-		return tx, nil
+		return nil, ferr
 	case b.beginErr != nil:
 		// Not begun. Rollback only hands the connection back to its pool.
 		_ = b.tx.Rollback(context.WithoutCancel(ctx))
