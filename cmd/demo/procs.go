@@ -134,16 +134,6 @@ func (s *server) kill() {
 	<-s.done
 }
 
-// freeAddr returns a 127.0.0.1 address with a port that is free now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // syncBuffer collects a child's output.
 type syncBuffer struct {
 	mu  sync.Mutex

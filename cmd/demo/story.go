@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/txhook/txhook"
+
+	"github.com/txhook/txhook/internal/localaddr"
 )
 
 // demo is one run of the story.
@@ -62,7 +64,7 @@ func (d *demo) story(ctx context.Context) error {
 	ev2 := event{id: "evt_" + d.tag + "_2", session: "cs_" + d.tag + "_2", customer: alice, amount: 1800}
 	ev3 := event{id: "evt_" + d.tag + "_3", session: "cs_" + d.tag + "_3", customer: bob, amount: 2500}
 
-	addr, err := freeAddr()
+	addr, err := localaddr.Free()
 	if err != nil {
 		return err
 	}
@@ -154,7 +156,7 @@ func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 	d.heading("Step 4. The same crash with the naive dedupe: the event is lost.")
 	d.say("The naive receiver does what most receivers copy: it commits the event id first")
 	d.say(`("processed"), then does the same work in a second transaction. It crashes at the same place.`)
-	addr, err := freeAddr()
+	addr, err := localaddr.Free()
 	if err != nil {
 		return err
 	}

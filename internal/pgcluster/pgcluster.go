@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -17,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/txhook/txhook/internal/localaddr"
 )
 
 // Cluster is a running throwaway PostgreSQL cluster.
@@ -123,9 +124,9 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
+		port, err := localaddr.FreePort()
 		if err != nil {
-			return err
+			return fmt.Errorf("pgcluster: %w", err)
 		}
 		args := []string{
 			"-p", strconv.Itoa(port),
@@ -199,13 +200,4 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 	}
 	cmd.Dir = c.dir
 	return cmd.CombinedOutput()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgcluster: find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

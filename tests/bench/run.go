@@ -24,6 +24,8 @@ import (
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/migrations"
+
+	"github.com/txhook/txhook/internal/localaddr"
 )
 
 // Scenario names, as they appear in the report.
@@ -300,7 +302,7 @@ type httpTarget struct {
 // instrumenting overlay) writes a CPU profile of profileDuration there once
 // sent SIGUSR2.
 func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) (*httpTarget, error) {
-	addr, err := freeAddr()
+	addr, err := localaddr.Free()
 	if err != nil {
 		return nil, err
 	}
@@ -408,15 +410,6 @@ func waitListening(addr string, exited <-chan struct{}) error {
 		}
 	}
 	return errors.New("not listening after 60s")
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // createDatabase creates a fresh database on the server at base and returns

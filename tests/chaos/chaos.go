@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/txhook/txhook"
+
+	"github.com/txhook/txhook/internal/localaddr"
 )
 
 // config sizes a chaos run.
@@ -138,7 +140,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	p := makePlan(cfg, tag, rng)
 	res := result{Events: len(p.events), DuplicatesInjected: p.duplicates}
 
-	addr, err := freeAddr()
+	addr, err := localaddr.Free()
 	if err != nil {
 		return res, err
 	}

@@ -115,16 +115,6 @@ func childEnv() []string {
 	return env
 }
 
-// freeAddr returns a 127.0.0.1 address whose port is free now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // tailBuffer keeps the last bytes written to it: the example's log, shown
 // when something goes wrong.
 type tailBuffer struct {
