@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
 )
@@ -139,5 +141,31 @@ func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 	mustProcess(t, p, fresh, insertEffect, txhook.OutcomeProcessed)
 	if n := b.effects(t, fresh.Key) + b.effects(t, held.Key) + b.effects(t, seed.Key); n != 3 {
 		t.Errorf("effects = %d, want 3", n)
+	}
+}
+
+// TestReadErrorDuringStormIsAnError: when the read itself fails, Process
+// reports the error; it never answers duplicate for a key it could not read.
+func TestReadErrorDuringStormIsAnError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, err := pgxpool.New(t.Context(), b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := event("evt_read_error")
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	storm(t, p, ev)
+	pool.Close() // the database can no longer be reached through p
+	res, err := p.Process(t.Context(), ev, insertEffect)
+	if err == nil || !strings.Contains(err.Error(), "look up event key") {
+		t.Fatalf("process with the database gone: %v, %v; want the read's error", res.Outcome, err)
+	}
+	if res.Outcome != 0 {
+		t.Errorf("outcome %v with an error, want none", res.Outcome)
 	}
 }
