@@ -476,25 +476,66 @@ var messages = map[Outcome]string{
 	OutcomeUnavailable:      "service unavailable; retry later",
 }
 
-// writeJSON writes {"status":"<outcome>"} for 2xx answers and
-// {"error":"<outcome>","message":"…"} otherwise.
+// writeJSON writes the answer's JSON body (see answerBody) with its status.
 func writeJSON(w http.ResponseWriter, status int, o Outcome) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(answerBody(status, o))
+}
+
+// answerBody returns {"status":"<outcome>"} for 2xx answers and
+// {"error":"<outcome>","message":"…"} otherwise, followed by a newline. The
+// bodies of the package's outcomes are encoded once, in answerBodies.
+func answerBody(status int, o Outcome) []byte {
+	k := bodyKey{ok: status < 300, outcome: o}
+	if b, found := answerBodies[k]; found {
+		return b
+	}
+	return encodeAnswer(k)
+}
+
+// bodyKey selects an answer body: its outcome, and whether the status is
+// 2xx.
+type bodyKey struct {
+	ok      bool
+	outcome Outcome
+}
+
+// answerBodies holds the encoded body of every outcome, for both classes of
+// status. It is never modified after initialisation.
+var answerBodies = func() map[bodyKey][]byte {
+	all := []Outcome{
+		OutcomeProcessed, OutcomeDuplicate, OutcomeReplay, OutcomeFailed, OutcomeIgnored,
+		OutcomePing, OutcomeInFlight, OutcomeMethodNotAllowed, OutcomeTooLarge,
+		OutcomeBadSignature, OutcomeStaleTimestamp, OutcomeBadRequest, OutcomeError,
+		OutcomeUnavailable,
+	}
+	m := make(map[bodyKey][]byte, 2*len(all))
+	for _, o := range all {
+		for _, ok := range []bool{true, false} {
+			k := bodyKey{ok: ok, outcome: o}
+			m[k] = encodeAnswer(k)
+		}
+	}
+	return m
+}()
+
+func encodeAnswer(k bodyKey) []byte {
 	var v any
-	if status < 300 {
+	if k.ok {
 		v = struct {
 			Status Outcome `json:"status"`
-		}{o}
+		}{k.outcome}
 	} else {
 		v = struct {
 			Error   Outcome `json:"error"`
 			Message string  `json:"message"`
-		}{o, messages[o]}
+		}{k.outcome, messages[k.outcome]}
 	}
-	b, _ := json.Marshal(v)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	b, _ := json.Marshal(v) // strings only: cannot fail
+	return append(b, '\n')
 }
 
 func (e *Endpoint) report(ctx context.Context, r Report) {
