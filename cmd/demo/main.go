@@ -30,6 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/pgcluster"
 )
 
@@ -77,7 +78,7 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(out, "  Building the stripe-orders example and, for comparison, a naive receiver (go build).")
-	bins, err := build(ctx, dir, stripeOrdersPkg, naiveReceiverPkg)
+	bins, err := childproc.Build(ctx, dir, stripeOrdersPkg, naiveReceiverPkg)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/txhook/txhook"
-
 	"github.com/txhook/txhook/internal/localaddr"
 )
 
@@ -222,12 +221,12 @@ func (d *demo) deliver(ctx context.Context, addr string, ev event) answer {
 
 // expectCrash checks that s exited at the crash point.
 func (d *demo) expectCrash(s *server) {
-	code, err := s.waitExit(crashWait)
+	code, err := s.WaitExit(crashWait)
 	if err != nil {
 		d.expect(false, "the %s process exited at the crash point (%v)", s.name, err)
 		return
 	}
-	if line := s.log.lineContaining("crash point"); line != "" {
+	if line := s.log.LastLineContaining("crash point"); line != "" {
 		d.sayf("  %s log: %s", s.name, line)
 	}
 	d.expect(code == txhook.CrashExitCode, "the %s process died at crash point %s (exit status %d)", s.name, crashPoint, code)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/txhook/txhook/internal/childproc"
 )
 
 // The HTTP rows count the receiver's heap allocations, and the example is
@@ -128,7 +130,7 @@ func serveMallocs() {
 
 // readMallocs asks the receiver p for its allocation count and reads it
 // from path.
-func readMallocs(p *os.Process, path string) (uint64, error) {
+func readMallocs(p *childproc.Process, path string) (uint64, error) {
 	_ = os.Remove(path)
 	if err := p.Signal(syscall.SIGUSR1); err != nil {
 		return 0, fmt.Errorf("signal receiver: %w", err)

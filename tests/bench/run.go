@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -22,10 +21,10 @@ import (
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/childproc"
+	"github.com/txhook/txhook/internal/localaddr"
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/migrations"
-
-	"github.com/txhook/txhook/internal/localaddr"
 )
 
 // Scenario names, as they appear in the report.
@@ -307,19 +306,16 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 		return nil, err
 	}
 	secret := "whsec_bench_" + strconv.Itoa(rand.IntN(1<<30))
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = append(os.Environ(), env...)
 	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
 	// A pool of c connections, like every other row.
 	poolURL, err := withPoolSize(dbURL, c)
 	if err != nil {
 		return nil, err
 	}
-	cmd.Env = append(cmd.Env, "DATABASE_URL="+poolURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, "TXHOOK_CRASH_POINT=", "FULFILLMENT_URL=",
-		mallocsEnv+"="+mallocFile)
+	env = append(env, "DATABASE_URL="+poolURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, mallocsEnv+"="+mallocFile)
 	if cpuProfile != "" {
-		cmd.Env = append(cmd.Env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
 		// The profile starts on SIGUSR2 (see instrumentOverlay).
+		env = append(env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
 	}
 	// The example logs every delivery: to a file, so that reading it costs
 	// this process nothing, in memory where the machine has /dev/shm, so
@@ -329,28 +325,25 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s receiver: %w", name, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	stop := func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+	closeLog := func() {
 		logFile.Close()
 		os.Remove(logFile.Name())
 	}
-	if err := waitListening(addr, exited); err != nil {
+	proc, err := childproc.Start(ctx, childproc.Spec{
+		Name:   name + " receiver",
+		Bin:    bin,
+		Env:    childproc.Env(env...),
+		Addr:   addr,
+		Output: logFile,
+	})
+	if err != nil {
 		b, _ := os.ReadFile(logFile.Name())
-		stop()
-		return nil, fmt.Errorf("%s receiver: %w\n%s", name, err, b[max(0, len(b)-4096):])
+		closeLog()
+		return nil, fmt.Errorf("%w\n%s", err, b[max(0, len(b)-4096):])
+	}
+	stop := func() {
+		proc.Stop(10 * time.Second)
+		closeLog()
 	}
 	client := &http.Client{
 		Timeout:   30 * time.Second,
@@ -378,7 +371,7 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 		}
 		return nil
 	}
-	recv := &receiver{pid: cmd.Process.Pid, mallocs: func() (uint64, error) { return readMallocs(cmd.Process, mallocFile) }}
+	recv := &receiver{pid: proc.Pid(), mallocs: func() (uint64, error) { return readMallocs(proc, mallocFile) }}
 	return &httpTarget{recv: recv, post: post, stop: stop}, nil
 }
 
@@ -394,22 +387,6 @@ func withPoolSize(dbURL string, n int) (string, error) {
 	q.Set("pool_min_conns", strconv.Itoa(n))
 	u.RawQuery = q.Encode()
 	return u.String(), nil
-}
-
-func waitListening(addr string, exited <-chan struct{}) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("exited before listening")
-		case <-time.After(20 * time.Millisecond):
-		}
-		if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			conn.Close()
-			return nil
-		}
-	}
-	return errors.New("not listening after 60s")
 }
 
 // createDatabase creates a fresh database on the server at base and returns

@@ -18,6 +18,7 @@ import (
 
 	"github.com/txhook/txhook"
 
+	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/localaddr"
 )
 
@@ -129,10 +130,11 @@ func run(ctx context.Context, cfg config) (result, error) {
 		})
 	}
 	logf("building %s", pkg)
-	bin, err := buildReceiver(ctx, dir, pkg)
+	bins, err := childproc.Build(ctx, dir, pkg)
 	if err != nil {
 		return result{}, err
 	}
+	bin := bins[pkg]
 
 	tag := randomTag()
 	secret := "whsec_chaos_" + tag
@@ -157,7 +159,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		defer srv.Close()
 		env = append(env, "FULFILLMENT_URL=http://"+ln.Addr().String()+"/shipments")
 	}
-	l := &launcher{bin: bin, addr: addr, env: env, log: &tailBuffer{max: 256 << 10}}
+	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 
 	// The supervisor owns the example's process: it starts it, kills it when
 	// asked, and restarts it whenever it is gone.
@@ -270,7 +272,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		return res, err
 	}
 	if res.OtherExits > 0 {
-		res.Problems = append(res.Problems, fmt.Sprintf("the example exited on its own %d times; last log lines:\n%s", res.OtherExits, l.log.tail(20)))
+		res.Problems = append(res.Problems, fmt.Sprintf("the example exited on its own %d times; last log lines:\n%s", res.OtherExits, l.log.Tail(20)))
 	}
 	if res.Rejected > 0 {
 		res.Problems = append(res.Problems, fmt.Sprintf("%d deliveries were rejected with 4xx", res.Rejected))
@@ -311,7 +313,7 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 				return ctx.Err()
 			}
 			if failures++; failures > maxStartFailures {
-				return fmt.Errorf("%w; last log lines:\n%s", err, s.l.log.tail(20))
+				return fmt.Errorf("%w; last log lines:\n%s", err, s.l.log.Tail(20))
 			}
 			time.Sleep(100 * time.Millisecond)
 			continue
@@ -323,17 +325,17 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 		s.starts++
 		select {
 		case <-s.killReq:
-			p.kill()
+			p.Kill()
 			s.kills++
-		case <-p.done:
-			if p.exitCode() == txhook.CrashExitCode {
+		case <-p.Done():
+			if p.ExitCode() == txhook.CrashExitCode {
 				s.crashExits++
 			} else {
 				s.otherExits++
-				logf("example exited on its own (%v)", p.err)
+				logf("example exited on its own (%v)", p.Err())
 			}
 		case <-ctx.Done():
-			p.kill()
+			p.Kill()
 			return ctx.Err()
 		}
 	}
