@@ -46,20 +46,20 @@ func (s *dupShare) observe(dup bool) {
 // duplicates.
 func (s *dupShare) mostly() bool { return s.v.Load() > dupShareOne/2 }
 
-// readerFor returns d as a database that runs statements outside any
-// transaction: a pool or a connection. It returns nil for a pgx.Tx.
-func readerFor(d Beginner) db.DBTX {
-	if r, ok := pipeliner(d).(db.DBTX); ok {
-		return r
-	}
-	return nil
+// direct returns d as a database that runs statements on their own,
+// outside any transaction: a pool, a connection, or a wrapper that also has
+// pgx's Exec, Query and QueryRow. It returns nil for a Beginner that only
+// begins transactions.
+func direct(d Beginner) db.DBTX {
+	r, _ := d.(db.DBTX)
+	return r
 }
 
 // settled reports whether ev's key is already done or failed, with one read
 // outside any transaction. A false answer decides nothing: the transaction's
 // dedupe step does.
 func (p *Processor) settled(ctx context.Context, ev Event) (bool, error) {
-	ok, err := db.New(p.reader).EventSettled(ctx, db.EventSettledParams{Source: ev.Source, EventKey: ev.Key})
+	ok, err := db.New(p.direct).EventSettled(ctx, db.EventSettledParams{Source: ev.Source, EventKey: ev.Key})
 	if err != nil {
 		return false, fmt.Errorf("look up event key: %w", err)
 	}

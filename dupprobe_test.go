@@ -169,3 +169,82 @@ func TestReadErrorDuringStormIsAnError(t *testing.T) {
 		t.Errorf("outcome %v with an error, want none", res.Outcome)
 	}
 }
+
+// wrappedPool is a wrapper around a pool with all of pgx's statement
+// methods (as tracing wrappers have): BEGIN gets a round trip of its own,
+// but statements run directly, so the storm read and lease mode's claim
+// need no transaction.
+type wrappedPool struct{ *pgxpool.Pool }
+
+// beginOnly wraps a database that can only begin transactions.
+type beginOnly struct{ d txhook.Beginner }
+
+func (b beginOnly) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
+	return b.d.BeginTx(ctx, o)
+}
+
+// TestWrappedDatabases checks what a Processor on a Beginner other than a
+// pool or connection sends: a plain BEGIN, the storm read only when the
+// wrapper runs statements directly, and lease mode's claim in a transaction
+// of its own otherwise.
+func TestWrappedDatabases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	lease := txhook.LeaseHandler{
+		Lease: 10 * time.Second,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
+		},
+	}
+	cases := []struct {
+		name      string
+		db        txhook.Beginner
+		stormDup  [][]string
+		leaseSent [][]string
+	}{
+		{"wrapper with statements", wrappedPool{pool},
+			[][]string{{"EventSettled"}},
+			[][]string{{"ClaimEvent"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
+		{"begin only", beginOnly{pool},
+			[][]string{{"begin"}, {"InsertEvent"}, {"rollback"}},
+			[][]string{{"begin"}, {"ClaimEvent"}, {"commit"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
+	}
+	for _, c := range cases {
+		p, err := txhook.NewProcessor(c.db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := "evt_wrapped_" + strings.ReplaceAll(c.name, " ", "_")
+		tr.take()
+		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeProcessed)
+		want := [][]string{{"begin"}, {"InsertEvent"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}
+		if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%s: new event: round trips %q, want %q", c.name, got, want)
+		}
+		storm(t, p, event(key))
+		tr.take()
+		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeDuplicate)
+		if got := tr.take(); !slices.EqualFunc(got, c.stormDup, slices.Equal) {
+			t.Errorf("%s: duplicate in a storm: round trips %q, want %q", c.name, got, c.stormDup)
+		}
+
+		// A fresh processor (no storm) in lease mode.
+		p, err = txhook.NewProcessor(c.db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := p.ProcessLease(t.Context(), event(key+"_lease"), lease)
+		if err != nil || res.Outcome != txhook.OutcomeProcessed {
+			t.Fatalf("%s: process lease: %v, %v", c.name, res.Outcome, err)
+		}
+		if got := tr.take(); !slices.EqualFunc(got, c.leaseSent, slices.Equal) {
+			t.Errorf("%s: lease mode: round trips %q, want %q", c.name, got, c.leaseSent)
+		}
+		for _, k := range []string{key, key + "_lease"} {
+			if n := b.effects(t, k); n != 1 {
+				t.Errorf("%s: effects of %s = %d, want 1", c.name, k, n)
+			}
+		}
+	}
+}

@@ -304,8 +304,8 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, herr error) (Resul
 // connection when p's database can run statements, in a transaction
 // otherwise.
 func (p *Processor) autocommit(ctx context.Context, fn func(ctx context.Context, q *db.Queries) error) error {
-	if d, ok := p.db.(db.DBTX); ok {
-		return fn(ctx, db.New(d))
+	if p.direct != nil {
+		return fn(ctx, db.New(p.direct))
 	}
 	return runTx(ctx, p.db, p.txOpts, nil, func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, db.New(tx))

@@ -112,9 +112,11 @@ type Processor struct {
 	storePayload bool
 	txOpts       TxOptions
 	crash        crasher
-	// reader runs the duplicate read outside any transaction; nil when db
-	// cannot (a pgx.Tx), which turns the read off.
-	reader db.DBTX
+	// direct runs statements outside any transaction (the duplicate read,
+	// lease mode's claim and release); nil when db only begins
+	// transactions: the read is then off and lease mode's statements run
+	// in transactions of their own.
+	direct db.DBTX
 	dups   dupShare
 }
 
@@ -122,8 +124,9 @@ type Processor struct {
 // *pgxpool.Pool. The database must have txhook's migrations applied (see the
 // migrations package). On a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, BEGIN
 // shares a round trip with the transaction's first statement; any other
-// Beginner (a pgx.Tx, a wrapper) gets a BEGIN of its own and no duplicate
-// read (see Processor).
+// Beginner (a wrapper) gets a BEGIN of its own, and the duplicate read (see
+// Processor) only when it also runs statements directly (pgx's Exec, Query
+// and QueryRow).
 func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("txhook: new processor: nil database")
@@ -150,7 +153,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	}
 	return &Processor{
 		db:           db,
-		reader:       readerFor(db),
+		direct:       direct(db),
 		lockTimeout:  fmt.Sprintf("%dms", ms),
 		inFlightWait: c.InFlightRetryAfter,
 		maxKeyLen:    c.MaxKeyLen,
@@ -177,7 +180,7 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	if p.reader != nil && p.dups.mostly() {
+	if p.direct != nil && p.dups.mostly() {
 		// A redelivery storm: a duplicate costs one read (see dupShare).
 		settled, err := p.settled(ctx, ev)
 		if err != nil {

@@ -13,8 +13,10 @@ import (
 	"github.com/txhook/txhook/db"
 )
 
-// Beginner starts transactions. *pgxpool.Pool, *pgx.Conn and pgx.Tx (a nested
-// transaction, i.e. a savepoint) all satisfy it, as does any test wrapper.
+// Beginner starts transactions. *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn
+// satisfy it, as do wrappers around them (tracing, tests). A pgx.Tx does
+// not: to join a caller's transaction, use Processor.ProcessTx or
+// RunNestedTx.
 type Beginner interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 }
