@@ -65,8 +65,9 @@ type Spec struct {
 	Env []string
 	// Addr is the address it listens on once ready.
 	Addr string
-	// Output receives its standard output and error. An *os.File is handed
-	// to the child as it is, so that its writes cost this process nothing.
+	// Output receives its standard output and error; nil discards them. An
+	// *os.File is handed to the child as it is, so that its writes cost
+	// this process nothing.
 	Output io.Writer
 	// Tail, if set, is shown in errors when the process fails to start.
 	Tail *Output

@@ -42,7 +42,7 @@ func main() {
 	flag.StringVar(&o.root, "root", "..", "the txhook repository (for go test -bench and go build)")
 	conc := flag.String("c", "1,8,32", "comma-separated concurrency levels")
 	flag.DurationVar(&o.duration, "d", 3*time.Second, "measured time per round of a cell")
-	flag.IntVar(&o.rounds, "rounds", 3, "rounds per cell (the scenarios interleaved; the median rate is reported)")
+	flag.IntVar(&o.rounds, "rounds", 5, "rounds per cell (the scenarios interleaved; the median rate is reported)")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up per round of a cell")
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
