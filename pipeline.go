@@ -47,22 +47,43 @@ type beginFirst struct {
 	tx pgx.Tx
 	// beginErr is BEGIN's own error: the transaction did not start.
 	beginErr error
+	// then, if set, is a statement sent in the same batch after the first
+	// one; its result is read only when the first statement succeeded.
+	then *pending
+}
+
+// pending is a statement queued behind a transaction's first statement.
+type pending struct {
+	sql  string
+	args []any
+	// read reads the statement's result from the batch.
+	read func(pgx.BatchResults) error
+	// err is read's error, or the batch's when read succeeded but the batch
+	// failed after it.
+	err error
 }
 
 var _ db.DBTX = (*beginFirst)(nil)
 
-// send sends BEGIN and sql in one batch and hands sql's result to read. It
-// returns BEGIN's error if BEGIN failed, and otherwise read's or the batch's.
+// send sends BEGIN, sql and b.then in one batch and hands sql's result to
+// read. It returns BEGIN's error if BEGIN failed, and otherwise read's or
+// the batch's; an error of b.then's statement is b.then's.
 func (b *beginFirst) send(ctx context.Context, sql string, args []any, read func(pgx.BatchResults) error) error {
 	batch := &pgx.Batch{}
 	batch.BeginTx(b.opts)
 	batch.Queue(sql, args...)
+	if b.then != nil {
+		batch.Queue(b.then.sql, b.then.args...)
+	}
 	br := b.sender.SendBatch(ctx, batch)
 	b.tx = br.Tx()
 	_, b.beginErr = br.Exec()
 	var err error
 	if b.beginErr == nil {
 		err = read(br)
+		if err == nil && b.then != nil {
+			b.then.err = b.then.read(br)
+		}
 	}
 	cerr := br.Close()
 	switch {
@@ -70,6 +91,13 @@ func (b *beginFirst) send(ctx context.Context, sql string, args []any, read func
 		return b.beginErr
 	case err != nil:
 		return err
+	case b.then != nil:
+		// The first statement succeeded; what failed after it (pgx's
+		// batch reports the first error again on Close) is b.then's.
+		if b.then.err == nil {
+			b.then.err = cerr
+		}
+		return nil
 	}
 	return cerr
 }

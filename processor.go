@@ -91,6 +91,21 @@ type Config struct {
 	// Tx configures the transactions (isolation level, retries). Defaults to
 	// the zero TxOptions.
 	Tx *TxOptions
+	// DedupeWithFirstStatement makes Process send BEGIN and the dedupe step
+	// in the same round trip as the handler's first statement, instead of
+	// one round trip before the handler runs: a new event costs one round
+	// trip fewer. The handler then starts before its key is known to be
+	// new. When the key is already committed or held by another delivery,
+	// its first statement runs and is rolled back, that statement and every
+	// later one return ErrNotNew, and the outcome is duplicate or in flight
+	// whatever the handler returns. Use it for handlers that do nothing
+	// but decode, check and write through tx (what a transactional handler
+	// should do): code before their first statement runs for every
+	// delivery. A handler's first QueryRow is sent when its row is scanned,
+	// and a first Query, SendBatch, CopyFrom or Prepare after the dedupe
+	// step. It applies to Process on a *pgxpool.Pool, *pgxpool.Conn or
+	// *pgx.Conn; ProcessTx and lease mode are unchanged.
+	DedupeWithFirstStatement bool
 }
 
 // Processor applies events exactly once. It is safe for concurrent use, and
@@ -110,6 +125,7 @@ type Processor struct {
 	inFlightWait time.Duration
 	maxKeyLen    int
 	storePayload bool
+	withFirst    bool // Config.DedupeWithFirstStatement
 	txOpts       TxOptions
 	crash        crasher
 	// direct runs statements outside any transaction (the duplicate read,
@@ -158,6 +174,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		inFlightWait: c.InFlightRetryAfter,
 		maxKeyLen:    c.MaxKeyLen,
 		storePayload: c.StorePayload,
+		withFirst:    c.DedupeWithFirstStatement,
 		txOpts:       c.Tx.withDefaults(),
 		crash:        newCrasherFromEnv(),
 	}, nil
@@ -200,6 +217,9 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 
 // process is Process after validation and the duplicate read.
 func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
+	if s := pipeliner(p.db); s != nil && p.withFirst {
+		return p.processEager(ctx, s, ev, h)
+	}
 	var res Result
 	// The dedupe step is the transaction's first statement, sent in the same
 	// round trip as BEGIN; the handler runs only for a new key.
@@ -213,6 +233,11 @@ func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 		res, err = p.handle(ctx, tx, ev, h)
 		return err
 	}, func() { p.crash.at(CrashBeforeCommit) })
+	return p.finish(ctx, ev, res, err)
+}
+
+// finish turns the outcome of an event's transaction into Process's answer.
+func (p *Processor) finish(ctx context.Context, ev Event, res Result, err error) (Result, error) {
 	switch {
 	case err == nil:
 		p.crash.at(CrashAfterCommit)

@@ -70,6 +70,11 @@ func (o *TxOptions) withDefaults() TxOptions {
 	return v
 }
 
+// pgx returns the options pgx begins transactions with.
+func (o TxOptions) pgx() pgx.TxOptions {
+	return pgx.TxOptions{IsoLevel: o.IsoLevel, AccessMode: o.AccessMode}
+}
+
 // errRollback is returned by a TxFunc that wants its transaction rolled back
 // without reporting an error (a duplicate needs no commit).
 var errRollback = errors.New("txhook: rollback requested")
@@ -100,9 +105,20 @@ type firstFunc func(ctx context.Context, q db.DBTX) error
 // runs before fn (its error ends the attempt like fn's), and a hook that runs
 // after fn succeeds, immediately before COMMIT.
 func runTx(ctx context.Context, d Beginner, o TxOptions, first firstFunc, fn TxFunc, beforeCommit func()) error {
-	txOpts := pgx.TxOptions{IsoLevel: o.IsoLevel, AccessMode: o.AccessMode}
+	txOpts := o.pgx()
+	return runTxWith(ctx, o, func(ctx context.Context) (pgx.Tx, error) {
+		return beginWith(ctx, d, txOpts, first)
+	}, fn, beforeCommit)
+}
+
+// beginFunc begins one attempt's transaction. It returns the transaction
+// whenever one was begun, also with an error (the caller rolls it back).
+type beginFunc func(ctx context.Context) (pgx.Tx, error)
+
+// runTxWith is runTx with the transaction begun by begin.
+func runTxWith(ctx context.Context, o TxOptions, begin beginFunc, fn TxFunc, beforeCommit func()) error {
 	for attempt := 1; ; attempt++ {
-		err := runTxOnce(ctx, d, txOpts, o.FinishTimeout, first, fn, beforeCommit)
+		err := runTxOnce(ctx, begin, o.FinishTimeout, fn, beforeCommit)
 		if err == nil || attempt >= o.MaxAttempts || !isRetryable(err) {
 			return err
 		}
@@ -112,8 +128,8 @@ func runTx(ctx context.Context, d Beginner, o TxOptions, first firstFunc, fn TxF
 	}
 }
 
-func runTxOnce(ctx context.Context, d Beginner, txOpts pgx.TxOptions, finish time.Duration, first firstFunc, fn TxFunc, beforeCommit func()) (err error) {
-	tx, err := beginWith(ctx, d, txOpts, first)
+func runTxOnce(ctx context.Context, begin beginFunc, finish time.Duration, fn TxFunc, beforeCommit func()) (err error) {
+	tx, err := begin(ctx)
 	if tx == nil {
 		return err
 	}
