@@ -115,7 +115,9 @@ type Config struct {
 // On a pool or a connection, Process sends BEGIN and the dedupe step in one
 // round trip (a pgx batch): a new event then costs the handler's statements
 // and two more round trips, that one and COMMIT, and a duplicate two (that
-// one and ROLLBACK). While more than half of the recent deliveries were
+// one and ROLLBACK). With Config.DedupeWithFirstStatement, that batch also
+// carries the handler's first statement: a new event costs one round trip
+// fewer. While more than half of the recent deliveries were
 // duplicates, as in a provider's redelivery storm, Process first reads
 // whether the key is already settled, outside any transaction: a duplicate
 // costs one round trip and a new event one more than usual.
@@ -184,9 +186,10 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // and runs h; both commit or neither does.
 //
 // A nil error comes with one of the outcomes: processed (h ran and
-// committed), duplicate (the key was already committed; h did not run),
-// in flight (another delivery holds the key; h did not run) or failed (h
-// returned a PermanentError, recorded). Any error means nothing was
+// committed), duplicate (the key was already committed; h did not run, or
+// under Config.DedupeWithFirstStatement its work was rolled back), in
+// flight (another delivery holds the key; likewise) or failed (h returned a
+// PermanentError, recorded). Any error means nothing was
 // committed, except a *CommitUnknownError, which means the outcome cannot be
 // known; in both cases the event must not be acknowledged, so that the
 // sender retries. Invalid input returns a *ValidationError (ErrInvalidEvent)

@@ -21,7 +21,7 @@ import (
 // sqlc queries InsertOrder and AddCustomerSpend); COMMIT. Run with
 // -M prepared, like pgx's statement cache. The stored payload is the body
 // of a real event of the same size. The %s before BEGIN and the one after
-// the dedupe step take \startpipeline and \endpipeline in the pipelined
+// the order insert take \startpipeline and \endpipeline in the pipelined
 // script.
 const pgbenchScript = `\set n random(1, 1000000000000)
 \set cus random(0, %d)
@@ -29,15 +29,16 @@ const pgbenchScript = `\set n random(1, 1000000000000)
 %sBEGIN;
 SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
 FROM txhook_insert_event('stripe', ('evt_limit_' || :n::text)::text, 'checkout.session.completed'::text, decode('%s', 'hex'), NULL::bytea, '2000ms'::text);
-%sINSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
-INSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent;
+INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
+%sINSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent;
 END;
 `
 
 // writePgbenchScript writes the script into dir with payload as the stored
-// body. With pipelined set, BEGIN and the dedupe step share a round trip
-// (pgbench's \startpipeline), as txhook sends them; otherwise every statement
-// is a round trip of its own.
+// body. With pipelined set, BEGIN, the dedupe step and the order insert
+// share a round trip (pgbench's \startpipeline), as txhook sends them with
+// Config.DedupeWithFirstStatement; otherwise every statement is a round trip
+// of its own.
 func writePgbenchScript(dir string, payload []byte, customers int, pipelined bool) (string, error) {
 	// Hex, because pgbench would read the JSON's colons as variables.
 	lit := hex.EncodeToString(payload)

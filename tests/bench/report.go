@@ -152,13 +152,16 @@ func (r *report) markdown() string {
 	p("- **%s**: pgbench `-M prepared`, c connections, running exactly the SQL the library sends for one event", scenLimit)
 	p("  (BEGIN; `txhook_insert_event(...)`; the example's InsertOrder and AddCustomerSpend; COMMIT), each statement a round")
 	p("  trip of its own (five): the database's own limit, and the reference of every ratio to the limit.")
-	p("- **%s**: the same script with BEGIN and the dedupe step in one pipeline (`\\startpipeline`): four round", scenLimitPipe)
-	p("  trips, the ones txhook sends.")
+	p("- **%s**: the same script with BEGIN, the dedupe step and the order insert in one pipeline", scenLimitPipe)
+	p("  (`\\startpipeline`): three round trips, the ones txhook sends with `DedupeWithFirstStatement`, as the example sets it.")
 	p("- **%s**: the key inserted and committed alone, then the work in a second transaction (fast and wrong: a", scenNaive)
 	p("  crash between the two loses the event); pgxpool of c connections.")
 	p("- **%s**: `Processor.Process` called directly with the example's handler (JSON decode and the same", scenLibrary)
-	p("  writes through its sqlc queries); pgxpool of c connections. txhook sends BEGIN and the dedupe step in one round")
-	p("  trip (a pgx batch), then the handler's two statements and COMMIT: four round trips.")
+	p("  writes through its sqlc queries) and the example's configuration; pgxpool of c connections. With")
+	p("  `DedupeWithFirstStatement` txhook sends BEGIN, the dedupe step and the handler's first statement in one round")
+	p("  trip (a pgx batch), then the handler's second statement and COMMIT: three round trips.")
+	p("- **%s**: the same without `DedupeWithFirstStatement` (the default: the key is known new before the", scenLibraryFirst)
+	p("  handler runs): BEGIN and the dedupe step in one round trip, then the handler's two statements and COMMIT: four.")
 	p("- **%s**: the same statements written directly with pgx, one round trip each (five): what a Go client", scenRawPgx)
 	p("  of the limit costs.")
 	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip). Not a correct", scenBatchPgx)
@@ -215,8 +218,9 @@ func (r *report) markdown() string {
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
 	rows := []struct{ label, a, b string }{
 		{"txhook library / limit", scenLibrary, scenLimit},
-		{"txhook library / limit, BEGIN pipelined", scenLibrary, scenLimitPipe},
-		{"limit, BEGIN pipelined / limit", scenLimitPipe, scenLimit},
+		{"txhook library, dedupe step first / limit", scenLibraryFirst, scenLimit},
+		{"txhook library / limit, pipelined as txhook", scenLibrary, scenLimitPipe},
+		{"limit, pipelined as txhook / limit", scenLimitPipe, scenLimit},
 		{"txhook HTTP / limit", scenHTTP, scenLimit},
 		{"baseline pgx HTTP / limit", scenBaselineHTTP, scenLimit},
 		{"naive dedupe / limit", scenNaive, scenLimit},
@@ -267,7 +271,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenNaive, scenLibraryDup, scenBaselineHTTP, scenHTTP, scenHTTPDup} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenBaselineHTTP, scenHTTP, scenHTTPDup} {
 		var vals []string
 		for _, c := range r.opts.conc {
 			x, ok := r.find(s, c)
@@ -291,7 +295,7 @@ func (r *report) markdown() string {
 		}
 		p("- c=%d: pgbench spends %.2f ms per event in the client and %.2f in the rest; pgx with the same SQL %.2f and %.2f;",
 			c, lim.CPU.Client, lim.CPU.Rest, raw.CPU.Client, raw.CPU.Rest)
-		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends one round trip fewer).",
+		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends two round trips fewer).",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
 	if l8, ok := r.find(scenLimit, 8); ok {
@@ -374,10 +378,11 @@ func (r *report) explain(p func(string, ...any)) {
 	p("What separates the rows from the limit at concurrency %d, from the figures above:", c)
 	p("")
 	p("- Plain pgx sending the same statements one round trip each (five) reaches %.2f× of the limit; the txhook", raw)
-	p("  library, which sends BEGIN with the dedupe step (four round trips), %.2f× (library / plain pgx: %.2f×). Sent as", lib, lib/raw)
-	p("  one batch, the same statements reach %.2f×.", batch)
+	p("  library, configured as the example (three round trips), %.2f× (library / plain pgx: %.2f×); with its default", lib, lib/raw)
+	p("  configuration (the dedupe step before the handler: four round trips) %.2f×. Sent as one batch, the same", r.ratio(scenLibraryFirst, scenLimit, c))
+	p("  statements reach %.2f×.", batch)
 	if pipe := r.ratio(scenLimitPipe, scenLimit, c); pipe > 0 {
-		p("  pgbench sending txhook's four round trips reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
+		p("  pgbench sending txhook's three round trips reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
 		p("  doing what it does.")
 	}
 	if r.profile.text != "" {
@@ -406,7 +411,8 @@ func (r *report) explain(p func(string, ...any)) {
 		p("- In a duplicate storm the Processor reads whether the key is settled before any transaction (it does while more")
 		p("  than half of its recent deliveries were duplicates), so a redelivery over HTTP costs the HTTP exchange, the")
 		p("  signature check and one round trip, without a WAL flush; it runs at %.2f× the new-event rate (library: %.2f×).", d, r.ratio(scenLibraryDup, scenLibrary, c))
-		p("  A duplicate among new events costs two round trips instead (BEGIN with the dedupe step, then ROLLBACK).")
+		p("  A duplicate among new events costs two round trips instead (BEGIN, the dedupe step and the handler's first")
+		p("  statement, then ROLLBACK).")
 		if r.dupProfile.text != "" {
 			a := r.dupProfile.areas
 			p("  In the example's CPU profile on that path: net/http %.1f%%, pgx %.1f%%, log/slog %.1f%%, encoding/json %.1f%%,",

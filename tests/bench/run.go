@@ -30,9 +30,10 @@ import (
 // Scenario names, as they appear in the report.
 const (
 	scenLimit        = "limit (pgbench)"
-	scenLimitPipe    = "limit, BEGIN pipelined (pgbench)"
+	scenLimitPipe    = "limit, pipelined as txhook sends it (pgbench)"
 	scenNaive        = "naive dedupe"
 	scenLibrary      = "txhook library"
+	scenLibraryFirst = "txhook library, dedupe step first"
 	scenLibraryDup   = "duplicate storm (library)"
 	scenHTTP         = "txhook HTTP"
 	scenHTTPDup      = "duplicate storm (HTTP)"
@@ -106,7 +107,7 @@ func run(ctx context.Context, o options) error {
 
 	_, sample := eventSource{prefix: o.tag + "lib8", customers: customers}.next(0, 0)
 	rep.payload = len(sample)
-	var scripts [2]string // one round trip per statement; BEGIN pipelined with the dedupe step
+	var scripts [2]string // one round trip per statement; pipelined as txhook sends them
 	for i, pipelined := range []bool{false, true} {
 		if scripts[i], err = writePgbenchScript(dir, sample, customers, pipelined); err != nil {
 			return err
@@ -174,6 +175,10 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 		return nil, err
 	}
 	defer pool.Close()
+	procFirst, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
+	if err != nil {
+		return nil, err
+	}
 	example, err := startReceiver(ctx, o, dbURL, c, scenHTTP, exampleBin, nil, "")
 	if err != nil {
 		return nil, err
@@ -234,6 +239,9 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	lib, libDone := newEvents(scenLibrary, "lib", nil, func(ctx context.Context, key string, body []byte) error {
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeProcessed)
 	})
+	libFirst, _ := newEvents(scenLibraryFirst, "libfirst", nil, func(ctx context.Context, key string, body []byte) error {
+		return processLibrary(ctx, procFirst, key, body, txhook.OutcomeProcessed)
+	})
 	libDup := redeliveries(scenLibraryDup, "lib", libDone, nil, func(ctx context.Context, key string, body []byte) error {
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeDuplicate)
 	})
@@ -246,7 +254,7 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	base, _ := newEvents(scenBaselineHTTP, "base", baseline.recv, func(ctx context.Context, _ string, body []byte) error {
 		return baseline.post(ctx, body)
 	})
-	list = append(list, naive, raw, batch, lib, libDup, httpNew, httpDup, base)
+	list = append(list, naive, raw, batch, lib, libFirst, libDup, httpNew, httpDup, base)
 
 	rounds := map[string][]sample{}
 	for r := range o.rounds {
@@ -279,7 +287,7 @@ func openPool(ctx context.Context, dbURL string, c int) (*pgxpool.Pool, *txhook.
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
-	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true, DedupeWithFirstStatement: true})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -62,8 +62,10 @@ func child(mode string) int {
 	ev := txhook.Event{Source: "crash-test", Key: "evt_crash", Type: "checkout.session.completed"}
 	var outcome string
 	switch mode {
-	case "txhook":
-		p, err := txhook.NewProcessor(pool, nil)
+	case "txhook", "txhook-first":
+		// txhook-first sends the dedupe step with the handler's first
+		// statement.
+		p, err := txhook.NewProcessor(pool, &txhook.Config{DedupeWithFirstStatement: mode == "txhook-first"})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -164,6 +166,15 @@ var crashPoints = []txhook.CrashPoint{
 
 func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"txhook", "txhook-first"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			crashThenRedeliver(t, mode)
+		})
+	}
+}
+
+func crashThenRedeliver(t *testing.T, mode string) {
 	for _, cp := range crashPoints {
 		t.Run(string(cp), func(t *testing.T) {
 			t.Parallel()
@@ -171,11 +182,11 @@ func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 			if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
 				t.Fatal(err)
 			}
-			if code, _ := run(t, d.URL, "txhook", cp); code != txhook.CrashExitCode {
+			if code, _ := run(t, d.URL, mode, cp); code != txhook.CrashExitCode {
 				t.Fatalf("first delivery exited %d, want the crash exit %d", code, txhook.CrashExitCode)
 			}
 			// Restarted without the crash point, the provider redelivers.
-			code, out := run(t, d.URL, "txhook", "")
+			code, out := run(t, d.URL, mode, "")
 			if code != 0 {
 				t.Fatalf("redelivery exited %d", code)
 			}
@@ -187,7 +198,7 @@ func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 				t.Errorf("redelivery outcome = %q, want %q", out, want)
 			}
 			// And once more, as providers do.
-			if _, out := run(t, d.URL, "txhook", ""); out != "duplicate" {
+			if _, out := run(t, d.URL, mode, ""); out != "duplicate" {
 				t.Errorf("third delivery outcome = %q, want duplicate", out)
 			}
 			if s := readState(t, d.Pool); s != (state{orders: 1, spent: 500}) {
