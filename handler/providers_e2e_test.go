@@ -130,29 +130,38 @@ func TestReplayGuard(t *testing.T) {
 			[]string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
 			[]string{"X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push"}, false},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			// Tx routes only and no Config.DB: the guard runs inside the
-			// delivery's transaction.
-			e := newEnvDB(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard, Routes: txRoutes()}, nil, false)
-			e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
-			r := e.post(tc.p, body, tc.rep...)
-			if !tc.wantReplay {
-				r.want(t, 200, "status", "processed")
+		for _, first := range []bool{false, true} {
+			name := tc.name
+			if first {
+				// The guard's lookup is then the statement sent with the
+				// dedupe step.
+				name += ", dedupe with first statement"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				// Tx routes only and no Config.DB: the guard runs inside the
+				// delivery's transaction.
+				e := newEnvDB(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard, Routes: txRoutes()},
+					&txhook.Config{DedupeWithFirstStatement: first}, false)
+				e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
+				r := e.post(tc.p, body, tc.rep...)
+				if !tc.wantReplay {
+					r.want(t, 200, "status", "processed")
+					e.wantCounts(2, 2)
+					return
+				}
+				r.want(t, 200, "status", "replay")
+				e.wantCounts(1, 1)
+				if !strings.Contains(e.logs.String(), "suspected replay") {
+					t.Error("replay not logged")
+				}
+				// A legitimate redelivery (same id) is still a plain duplicate,
+				// and a different body under a new id is processed.
+				e.post(tc.p, body, tc.first...).want(t, 200, "status", "duplicate")
+				e.post(tc.p, body+" ", tc.rep...).want(t, 200, "status", "processed")
 				e.wantCounts(2, 2)
-				return
-			}
-			r.want(t, 200, "status", "replay")
-			e.wantCounts(1, 1)
-			if !strings.Contains(e.logs.String(), "suspected replay") {
-				t.Error("replay not logged")
-			}
-			// A legitimate redelivery (same id) is still a plain duplicate,
-			// and a different body under a new id is processed.
-			e.post(tc.p, body, tc.first...).want(t, 200, "status", "duplicate")
-			e.post(tc.p, body+" ", tc.rep...).want(t, 200, "status", "processed")
-			e.wantCounts(2, 2)
-		})
+			})
+		}
 	}
 
 	t.Run("route outside a transaction", func(t *testing.T) {
