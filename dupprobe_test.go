@@ -27,7 +27,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, nil)
+	p, err := txhook.NewProcessor(pool, noMemory)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := b.processor(t, &txhook.Config{LockTimeout: 100 * time.Millisecond})
+	p := b.processor(t, &txhook.Config{LockTimeout: 100 * time.Millisecond, RecentKeys: -1})
 	seed := event("evt_seed")
 	mustProcess(t, p, seed, insertEffect, txhook.OutcomeProcessed)
 
@@ -153,7 +153,7 @@ func TestReadErrorDuringStormIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := txhook.NewProcessor(pool, nil)
+	p, err := txhook.NewProcessor(pool, noMemory)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestWrappedDatabases(t *testing.T) {
 			[][]string{{"begin"}, {"ClaimEvent"}, {"commit"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
 	}
 	for _, c := range cases {
-		p, err := txhook.NewProcessor(c.db, nil)
+		p, err := txhook.NewProcessor(c.db, noMemory)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +230,7 @@ func TestWrappedDatabases(t *testing.T) {
 		}
 
 		// A fresh processor (no storm) in lease mode.
-		p, err = txhook.NewProcessor(c.db, nil)
+		p, err = txhook.NewProcessor(c.db, noMemory)
 		if err != nil {
 			t.Fatal(err)
 		}

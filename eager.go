@@ -46,7 +46,7 @@ func (lt *lazyTx) start(ctx context.Context, then *pending) error {
 	lt.sent, lt.tx = true, b.tx
 	switch {
 	case b.tx == nil:
-		lt.err = fmt.Errorf("insert event key: nothing sent: %w", err)
+		lt.err = errors.Join(errors.New("txhook: the dedupe step sent nothing"), err)
 	case b.beginErr != nil:
 		lt.err = &beginError{err: b.beginErr}
 	case errors.Is(err, errRollback):

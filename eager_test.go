@@ -20,6 +20,7 @@ func eager(t *testing.T, b *bundle, cfg txhook.Config) (*txhook.Processor, *trac
 	t.Helper()
 	pool, tr := tracedPool(t, b.db.URL)
 	cfg.DedupeWithFirstStatement = true
+	cfg.RecentKeys = -1 // every duplicate goes to the database
 	p, err := txhook.NewProcessor(pool, &cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,10 @@ func setup(t *testing.T) *bundle {
 	return &bundle{db: d, pool: d.Pool}
 }
 
+// noMemory configures a Processor without its memory of settled keys, for
+// tests of the database's own duplicate path.
+var noMemory = &txhook.Config{RecentKeys: -1}
+
 func (b *bundle) processor(t *testing.T, cfg *txhook.Config) *txhook.Processor {
 	t.Helper()
 	p, err := txhook.NewProcessor(b.pool, cfg)

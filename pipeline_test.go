@@ -86,7 +86,7 @@ func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, nil)
+	p, err := txhook.NewProcessor(pool, noMemory)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, nil)
+	p, err := txhook.NewProcessor(pool, noMemory)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,20 @@ type Config struct {
 	// step. It applies to Process on a *pgxpool.Pool, *pgxpool.Conn or
 	// *pgx.Conn; ProcessTx and lease mode are unchanged.
 	DedupeWithFirstStatement bool
+	// RecentKeys is how many event keys a Processor remembers after seeing
+	// them settled (committed as done or failed, by itself or by anyone),
+	// so that Process answers a redelivery of one as a duplicate without a
+	// round trip to the database. A settled key stays settled while its row
+	// exists, and rows are pruned only after the events table's retention,
+	// far past RecentKeysTTL, so the memory answers as the database would;
+	// the exception is a row deleted by hand to have its event processed
+	// again, which a Processor that remembers the key sees only once
+	// RecentKeysTTL has passed. Defaults to DefaultRecentKeys (10,000 keys,
+	// about 2 MB); a negative value turns the memory off.
+	RecentKeys int
+	// RecentKeysTTL is how long a settled key is remembered. Defaults to
+	// DefaultRecentKeysTTL (10 minutes).
+	RecentKeysTTL time.Duration
 }
 
 // Processor applies events exactly once. It is safe for concurrent use, and
@@ -136,6 +150,7 @@ type Processor struct {
 	// in transactions of their own.
 	direct db.DBTX
 	dups   dupShare
+	recent *recentKeys // nil when Config.RecentKeys is negative
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -153,7 +168,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.LockTimeout < 0 || c.InFlightRetryAfter < 0 || c.MaxKeyLen < 0 {
+	if c.LockTimeout < 0 || c.InFlightRetryAfter < 0 || c.MaxKeyLen < 0 || c.RecentKeysTTL < 0 {
 		return nil, errors.New("txhook: new processor: negative limit in config")
 	}
 	if c.LockTimeout == 0 {
@@ -164,6 +179,12 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	}
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.RecentKeys == 0 {
+		c.RecentKeys = DefaultRecentKeys
+	}
+	if c.RecentKeysTTL == 0 {
+		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
 	ms := c.LockTimeout.Milliseconds()
 	if ms < 1 {
@@ -179,6 +200,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		withFirst:    c.DedupeWithFirstStatement,
 		txOpts:       c.Tx.withDefaults(),
 		crash:        newCrasherFromEnv(),
+		recent:       newRecentKeys(c.RecentKeys, c.RecentKeysTTL),
 	}, nil
 }
 
@@ -200,6 +222,10 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
+	if p.recent.settled(ev, time.Now()) {
+		p.dups.observe(true)
+		return Result{Outcome: OutcomeDuplicate}, nil
+	}
 	if p.direct != nil && p.dups.mostly() {
 		// A redelivery storm: a duplicate costs one read (see dupShare).
 		settled, err := p.settled(ctx, ev)
@@ -208,12 +234,16 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 		}
 		if settled {
 			p.dups.observe(true)
+			p.recent.remember(ev, time.Now())
 			return Result{Outcome: OutcomeDuplicate}, nil
 		}
 	}
 	res, err := p.process(ctx, ev, h)
 	if err == nil && res.Outcome != OutcomeInFlight {
 		p.dups.observe(res.Outcome == OutcomeDuplicate)
+		// Processed, failed or duplicate: the key's row is committed as
+		// done or failed.
+		p.recent.remember(ev, time.Now())
 	}
 	return res, err
 }

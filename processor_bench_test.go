@@ -12,15 +12,21 @@ import (
 	"github.com/txhook/txhook/internal/testdb"
 )
 
-// benchProcessor returns a processor on a fresh database with an effects
+// benchProcessor returns a processor configured by cfg (nil for the
+// defaults; StorePayload always on) on a fresh database with an effects
 // table, and the handler that writes to it.
-func benchProcessor(b *testing.B) (*txhook.Processor, txhook.HandlerFunc) {
+func benchProcessor(b *testing.B, cfg *txhook.Config) (*txhook.Processor, txhook.HandlerFunc) {
 	b.Helper()
 	d := testdb.New(b)
 	if _, err := d.Pool.Exec(b.Context(), `CREATE TABLE bench_effects (event_key text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	p, err := txhook.NewProcessor(d.Pool, &txhook.Config{StorePayload: true})
+	c := txhook.Config{StorePayload: true}
+	if cfg != nil {
+		c = *cfg
+		c.StorePayload = true
+	}
+	p, err := txhook.NewProcessor(d.Pool, &c)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -36,7 +42,7 @@ var benchPayload = []byte(`{"id":"evt_bench","object":"event","type":"checkout.s
 // BenchmarkProcessNew measures a new event end to end against PostgreSQL:
 // BEGIN, the dedupe step, one business write, COMMIT.
 func BenchmarkProcessNew(b *testing.B) {
-	p, h := benchProcessor(b)
+	p, h := benchProcessor(b, nil)
 	ctx := b.Context()
 	b.ReportAllocs()
 	i := 0
@@ -52,7 +58,7 @@ func BenchmarkProcessNew(b *testing.B) {
 // BenchmarkProcessNewParallel is BenchmarkProcessNew from GOMAXPROCS
 // goroutines sharing the pool.
 func BenchmarkProcessNewParallel(b *testing.B) {
-	p, h := benchProcessor(b)
+	p, h := benchProcessor(b, nil)
 	ctx := b.Context()
 	var n atomic.Int64
 	b.ReportAllocs()
@@ -68,10 +74,23 @@ func BenchmarkProcessNewParallel(b *testing.B) {
 	})
 }
 
-// BenchmarkProcessDuplicate measures a redelivery of a processed event:
-// BEGIN, the dedupe step finding the key, ROLLBACK; the handler never runs.
+// BenchmarkProcessDuplicate measures a redelivery of a processed event to
+// the Processor that processed it: answered from its memory of settled keys
+// (Config.RecentKeys), with no round trip.
 func BenchmarkProcessDuplicate(b *testing.B) {
-	p, h := benchProcessor(b)
+	benchDuplicate(b, nil)
+}
+
+// BenchmarkProcessDuplicateNoMemory measures the same redelivery without
+// that memory, as another process sees it: after a dozen duplicates the
+// Processor reads whether the key is settled, one round trip outside any
+// transaction; the handler never runs.
+func BenchmarkProcessDuplicateNoMemory(b *testing.B) {
+	benchDuplicate(b, &txhook.Config{RecentKeys: -1})
+}
+
+func benchDuplicate(b *testing.B, cfg *txhook.Config) {
+	p, h := benchProcessor(b, cfg)
 	ctx := b.Context()
 	ev := txhook.Event{Source: "bench", Key: "evt_dup", Type: "checkout.session.completed", Payload: benchPayload}
 	if _, err := p.Process(ctx, ev, h); err != nil {

@@ -35,6 +35,7 @@ const (
 	scenLibrary      = "txhook library"
 	scenLibraryFirst = "txhook library, dedupe step first"
 	scenLibraryDup   = "duplicate storm (library)"
+	scenLibraryDupDB = "duplicate storm (library, no memory)"
 	scenHTTP         = "txhook HTTP"
 	scenHTTPDup      = "duplicate storm (HTTP)"
 	scenBaselineHTTP = "baseline pgx HTTP"
@@ -179,6 +180,10 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	if err != nil {
 		return nil, err
 	}
+	procNoMemory, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true, DedupeWithFirstStatement: true, RecentKeys: -1})
+	if err != nil {
+		return nil, err
+	}
 	example, err := startReceiver(ctx, o, dbURL, c, scenHTTP, exampleBin, nil, "")
 	if err != nil {
 		return nil, err
@@ -245,6 +250,9 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	libDup := redeliveries(scenLibraryDup, "lib", libDone, nil, func(ctx context.Context, key string, body []byte) error {
 		return processLibrary(ctx, proc, key, body, txhook.OutcomeDuplicate)
 	})
+	libDupDB := redeliveries(scenLibraryDupDB, "lib", libDone, nil, func(ctx context.Context, key string, body []byte) error {
+		return processLibrary(ctx, procNoMemory, key, body, txhook.OutcomeDuplicate)
+	})
 	httpNew, httpDone := newEvents(scenHTTP, "http", example.recv, func(ctx context.Context, _ string, body []byte) error {
 		return example.post(ctx, body)
 	})
@@ -254,7 +262,7 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	base, _ := newEvents(scenBaselineHTTP, "base", baseline.recv, func(ctx context.Context, _ string, body []byte) error {
 		return baseline.post(ctx, body)
 	})
-	list = append(list, naive, raw, batch, lib, libFirst, libDup, httpNew, httpDup, base)
+	list = append(list, naive, raw, batch, lib, libFirst, libDup, libDupDB, httpNew, httpDup, base)
 
 	rounds := map[string][]sample{}
 	for r := range o.rounds {

@@ -1,0 +1,137 @@
+package txhook_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+)
+
+// TestRecentKeysAnswerWithoutRoundTrip: a key this Processor saw settled,
+// whether it processed the event, found it committed by someone else or
+// recorded it as failed, is answered duplicate with nothing sent; keys it
+// did not see settled still go to the database.
+func TestRecentKeysAnswerWithoutRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := b.processor(t, nil)
+	failing := func(context.Context, pgx.Tx, txhook.Event) error { return txhook.Permanent(errors.New("cannot apply")) }
+	transient := func(context.Context, pgx.Tx, txhook.Event) error { return errors.New("try again") }
+
+	mustProcess(t, p, event("evt_mine"), insertEffect, txhook.OutcomeProcessed)
+	mustProcess(t, other, event("evt_theirs"), insertEffect, txhook.OutcomeProcessed)
+	mustProcess(t, p, event("evt_theirs"), insertEffect, txhook.OutcomeDuplicate) // found in the database
+	mustProcess(t, p, event("evt_failed"), failing, txhook.OutcomeFailed)
+	if _, err := p.Process(t.Context(), event("evt_error"), transient); err == nil {
+		t.Fatal("a handler error was not returned")
+	}
+	tr.take()
+
+	for _, key := range []string{"evt_mine", "evt_theirs", "evt_failed"} {
+		calls := 0
+		mustProcess(t, p, event(key), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+			calls++
+			return nil
+		}, txhook.OutcomeDuplicate)
+		if got := tr.take(); len(got) != 0 || calls != 0 {
+			t.Errorf("%s: round trips %q, handler calls %d; want none", key, got, calls)
+		}
+	}
+	// An error settles nothing: the next delivery is processed.
+	mustProcess(t, p, event("evt_error"), insertEffect, txhook.OutcomeProcessed)
+	if got := tr.take(); len(got) == 0 {
+		t.Error("evt_error: answered without the database after an error")
+	}
+	if n := b.effects(t, "evt_mine") + b.effects(t, "evt_theirs") + b.effects(t, "evt_error"); n != 3 {
+		t.Errorf("effects = %d, want 3", n)
+	}
+}
+
+// TestRecentKeysInFlightIsNotRemembered: a key held by another delivery is
+// answered in flight, and once that delivery rolls back, the next one is
+// processed.
+func TestRecentKeysInFlightIsNotRemembered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{LockTimeout: 50 * time.Millisecond})
+	ev := event("evt_held")
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.processor(t, nil).Process(context.Background(), ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+			close(entered)
+			<-release
+			return errors.New("the holder gives up")
+		})
+		done <- err
+	}()
+	<-entered
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeInFlight)
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("the holder's error was not returned")
+	}
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// TestRecentKeysLimits: the memory forgets its oldest key past
+// Config.RecentKeys and every key after Config.RecentKeysTTL, and a
+// negative RecentKeys turns it off.
+func TestRecentKeysLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := tracedPool(t, b.db.URL)
+	sent := func(p *txhook.Processor, key string) bool {
+		t.Helper()
+		tr.take()
+		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeDuplicate)
+		return len(tr.take()) > 0
+	}
+	newProc := func(cfg txhook.Config) *txhook.Processor {
+		p, err := txhook.NewProcessor(pool, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	two := newProc(txhook.Config{RecentKeys: 2})
+	for _, k := range []string{"evt_l1", "evt_l2", "evt_l3"} {
+		mustProcess(t, two, event(k), insertEffect, txhook.OutcomeProcessed)
+	}
+	if !sent(two, "evt_l1") {
+		t.Error("the oldest of three keys was remembered with room for two")
+	}
+	if sent(two, "evt_l3") {
+		t.Error("the newest key was not remembered")
+	}
+
+	short := newProc(txhook.Config{RecentKeysTTL: time.Millisecond})
+	mustProcess(t, short, event("evt_ttl"), insertEffect, txhook.OutcomeProcessed)
+	time.Sleep(5 * time.Millisecond)
+	if !sent(short, "evt_ttl") {
+		t.Error("a key was remembered past RecentKeysTTL")
+	}
+
+	off := newProc(txhook.Config{RecentKeys: -1})
+	mustProcess(t, off, event("evt_off"), insertEffect, txhook.OutcomeProcessed)
+	if !sent(off, "evt_off") {
+		t.Error("a key was remembered with RecentKeys < 0")
+	}
+
+	if _, err := txhook.NewProcessor(pool, &txhook.Config{RecentKeysTTL: -time.Second}); err == nil {
+		t.Error("a negative RecentKeysTTL was accepted")
+	}
+}
