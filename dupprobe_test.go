@@ -26,11 +26,7 @@ func storm(t *testing.T, p *txhook.Processor, ev txhook.Event) {
 func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, noMemory)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tracedProcessor(t, b, noMemory)
 	ev := event("evt_storm")
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
 	storm(t, p, ev)

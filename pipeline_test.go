@@ -82,6 +82,18 @@ func tracedPool(t *testing.T, url string) (*pgxpool.Pool, *trace) {
 	return pool, tr
 }
 
+// tracedProcessor returns a processor configured by cfg on a traced pool of
+// one connection (see tracedPool).
+func tracedProcessor(t *testing.T, b *bundle, cfg *txhook.Config) (*txhook.Processor, *trace) {
+	t.Helper()
+	pool, tr := tracedPool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, tr
+}
+
 func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -280,11 +292,7 @@ func TestDeadPooledConnection(t *testing.T) {
 func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, noMemory)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tracedProcessor(t, b, noMemory)
 	h := txhook.LeaseHandler{
 		Lease: 10 * time.Second,
 		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {

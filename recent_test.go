@@ -18,11 +18,7 @@ import (
 func TestRecentKeysAnswerWithoutRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
-	p, err := txhook.NewProcessor(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, tr := tracedProcessor(t, b, nil)
 	other := b.processor(t, nil)
 	failing := func(context.Context, pgx.Tx, txhook.Event) error { return txhook.Permanent(errors.New("cannot apply")) }
 	transient := func(context.Context, pgx.Tx, txhook.Event) error { return errors.New("try again") }
