@@ -167,8 +167,9 @@ func (r *report) markdown() string {
 	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip). Not a correct", scenBatchPgx)
 	p("  receiver (the writes do not wait for the dedupe answer); it shows what one round trip per event would give.")
 	p("- **%s**: `Process` on events already processed (what a provider's retry storm after an outage costs), by", scenLibraryDup)
-	p("  the Processor that processed them: it remembers the keys it saw settled (`Config.RecentKeys`) and answers")
-	p("  without a round trip.")
+	p("  the Processor that processed them: it remembers the last keys it saw settled (`Config.RecentKeys`, 10,000)")
+	p("  and answers those without a round trip, the others with a read. The redeliveries are drawn from every event")
+	p("  the row processed so far, more than it remembers after the first round: later rounds mix both answers.")
 	p("- **%s**: the same with `RecentKeys: -1`, every redelivery going to the database, as one that another", scenLibraryDupDB)
 	p("  process (or this one before a restart) processed: after the first dozen the Processor reads whether each key is")
 	p("  settled before opening a transaction, one round trip.")
@@ -414,8 +415,8 @@ func (r *report) explain(p func(string, ...any)) {
 		}
 	}
 	if d := r.ratio(scenHTTPDup, scenHTTP, c); d > 0 {
-		p("- A redelivery of a key the example's Processor saw settled is answered from its memory of recent keys: over")
-		p("  HTTP it costs the HTTP exchange, the signature check and the log line, no round trip; it runs at %.2f× the", d)
+		p("- A redelivery of a key the example's Processor saw settled recently is answered from its memory: over HTTP it")
+		p("  costs the HTTP exchange, the signature check and the log line, no round trip; the storm runs at %.2f× the", d)
 		p("  new-event rate (library: %.2f×). Without the memory (another process's keys, or after a restart) a", r.ratio(scenLibraryDup, scenLibrary, c))
 		p("  duplicate in a storm costs one read outside any transaction (library: %.2f× the new-event rate), and a", r.ratio(scenLibraryDupDB, scenLibrary, c))
 		p("  duplicate among new events two round trips (BEGIN, the dedupe step and the handler's first statement, then")
