@@ -20,7 +20,9 @@ type CrashPoint string
 
 // Crash points of transactional mode, in the order they are reached.
 const (
-	// CrashAfterInsert: the dedupe row is inserted, the handler has not run.
+	// CrashAfterInsert: the dedupe row is inserted, the handler has not run
+	// (under Config.DedupeWithFirstStatement: has sent only its first
+	// statement, with the insert). Nothing is committed.
 	CrashAfterInsert CrashPoint = "after-insert"
 	// CrashAfterHandler: the handler returned nil, nothing is committed.
 	CrashAfterHandler CrashPoint = "after-handler"
