@@ -32,6 +32,13 @@
 // primary key: the second waits for the first to commit or roll back, at most
 // Config.LockTimeout, and is then answered in flight, never duplicate.
 //
+// Round trips: BEGIN and the dedupe step share one, then come the handler's
+// statements and COMMIT. With Config.DedupeWithFirstStatement the handler's
+// first statement joins that first round trip (the handler then starts
+// before its key is known to be new; see the field). A Processor remembers
+// the keys it saw settled (Config.RecentKeys) and answers their redeliveries
+// without a round trip.
+//
 // # Lease mode
 //
 // For handlers with effects outside the database (HTTP calls, email), which
