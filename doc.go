@@ -21,7 +21,7 @@
 //			return q.MarkInvoicePaid(ctx, invoiceID)
 //		}))
 //
-// Process reports an Outcome: processed, duplicate (nothing ran), in flight
+// Process reports an Outcome: processed, duplicate (nothing committed), in flight
 // (another delivery of the key has not finished: ask the sender to retry) or
 // failed (the handler returned a Permanent error, recorded for replay). Any
 // error means nothing was committed, or that the commit outcome is unknown
