@@ -40,9 +40,21 @@ func benchProcessor(b *testing.B, cfg *txhook.Config) (*txhook.Processor, txhook
 var benchPayload = []byte(`{"id":"evt_bench","object":"event","type":"checkout.session.completed","data":{"object":{"id":"cs_bench","amount_total":500}}}`)
 
 // BenchmarkProcessNew measures a new event end to end against PostgreSQL:
-// BEGIN, the dedupe step, one business write, COMMIT.
+// BEGIN with the dedupe step, one business write, COMMIT (three round
+// trips).
 func BenchmarkProcessNew(b *testing.B) {
-	p, h := benchProcessor(b, nil)
+	benchNew(b, nil)
+}
+
+// BenchmarkProcessNewFirstStatement is BenchmarkProcessNew with
+// Config.DedupeWithFirstStatement: BEGIN, the dedupe step and the business
+// write in one round trip, then COMMIT (two).
+func BenchmarkProcessNewFirstStatement(b *testing.B) {
+	benchNew(b, &txhook.Config{DedupeWithFirstStatement: true})
+}
+
+func benchNew(b *testing.B, cfg *txhook.Config) {
+	p, h := benchProcessor(b, cfg)
 	ctx := b.Context()
 	b.ReportAllocs()
 	i := 0
