@@ -28,8 +28,10 @@ type lazyTx struct {
 	sender batchSender
 	opts   pgx.TxOptions
 
-	sent bool   // the first batch was sent
-	tx   pgx.Tx // the transaction begun; set once sent
+	sent  bool       // the first batch was sent
+	tx    pgx.Tx     // the transaction begun; set once sent
+	b     beginFirst // sends the first batch
+	first pending    // the handler's first statement, when pipelined
 	// err is set when the key was not new (ErrNotNew, with res) or the
 	// batch's BEGIN or dedupe step failed.
 	err error
@@ -41,7 +43,8 @@ var _ pgx.Tx = (*lazyTx)(nil)
 // start sends BEGIN, the dedupe step and then (if not nil) in one round trip.
 // It returns lt.err.
 func (lt *lazyTx) start(ctx context.Context, then *pending) error {
-	b := &beginFirst{sender: lt.sender, opts: lt.opts, then: then}
+	lt.b = beginFirst{sender: lt.sender, opts: lt.opts, then: then}
+	b := &lt.b
 	res, err := lt.p.dedupe(ctx, b, lt.ev)
 	lt.sent, lt.tx = true, b.tx
 	switch {
@@ -74,16 +77,11 @@ func (lt *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		}
 		return lt.tx.Exec(ctx, sql, args...)
 	}
-	var tag pgconn.CommandTag
-	then := &pending{sql: sql, args: args, read: func(br pgx.BatchResults) error {
-		var err error
-		tag, err = br.Exec()
-		return err
-	}}
-	if err := lt.start(ctx, then); err != nil {
+	lt.first = pending{sql: sql, args: args}
+	if err := lt.start(ctx, &lt.first); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return tag, then.err
+	return lt.first.tag, lt.first.err
 }
 
 // QueryRow implements pgx.Tx. The first statement's row is sent when it is
@@ -112,13 +110,15 @@ func (r *lazyRow) Scan(dest ...any) error {
 	if r.lt.sent {
 		return r.lt.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
 	}
-	then := &pending{sql: r.sql, args: r.args, read: func(br pgx.BatchResults) error {
-		return br.QueryRow().Scan(dest...)
-	}}
-	if err := r.lt.start(r.ctx, then); err != nil {
+	if dest == nil {
+		dest = []any{} // a row scanned into nothing is still a row
+	}
+	lt := r.lt
+	lt.first = pending{sql: r.sql, args: r.args, dest: dest}
+	if err := lt.start(r.ctx, &lt.first); err != nil {
 		return err
 	}
-	return then.err
+	return lt.first.err
 }
 
 // errRow is a row whose Scan returns err.

@@ -52,15 +52,25 @@ type beginFirst struct {
 	then *pending
 }
 
-// pending is a statement queued behind a transaction's first statement.
+// pending is a statement queued behind a transaction's first statement:
+// an Exec, or a QueryRow whose row is scanned into dest.
 type pending struct {
 	sql  string
 	args []any
-	// read reads the statement's result from the batch.
-	read func(pgx.BatchResults) error
-	// err is read's error, or the batch's when read succeeded but the batch
-	// failed after it.
+	dest []any // the row's destinations; nil for an Exec
+	tag  pgconn.CommandTag
+	// err is the statement's error, or the batch's when the statement
+	// succeeded but the batch failed after it.
 	err error
+}
+
+// read reads the statement's result from br.
+func (s *pending) read(br pgx.BatchResults) {
+	if s.dest == nil {
+		s.tag, s.err = br.Exec()
+		return
+	}
+	s.err = br.QueryRow().Scan(s.dest...)
 }
 
 var _ db.DBTX = (*beginFirst)(nil)
@@ -82,7 +92,7 @@ func (b *beginFirst) send(ctx context.Context, sql string, args []any, read func
 	if b.beginErr == nil {
 		err = read(br)
 		if err == nil && b.then != nil {
-			b.then.err = b.then.read(br)
+			b.then.read(br)
 		}
 	}
 	cerr := br.Close()

@@ -434,8 +434,8 @@ func errorText(err error) string {
 }
 
 func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "55P03"
 }
 
 // untilLeaseEnds is the Retry-After for a key held by a lease.
