@@ -3,7 +3,6 @@ package txhook
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -239,12 +238,5 @@ func (p *Processor) handleEager(ctx context.Context, lt *lazyTx, ev Event, h Han
 		}
 		return Result{}, lt.err
 	}
-	if herr != nil {
-		if IsPermanent(herr) {
-			return Result{}, herr
-		}
-		return Result{}, fmt.Errorf("handle event: %w", herr)
-	}
-	p.crash.at(CrashAfterHandler)
-	return Result{Outcome: OutcomeProcessed}, nil
+	return p.handled(herr)
 }

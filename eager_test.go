@@ -173,19 +173,7 @@ func TestDedupeWithFirstStatementInFlight(t *testing.T) {
 func TestDedupeWithFirstStatementErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := b.pool.Exec(t.Context(), `
-		CREATE SEQUENCE fail_once;
-		CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.event_key = 'evt_eager_40001' AND nextval('fail_once') = 1 THEN
-				RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER fail_first_insert BEFORE INSERT ON txhook_processed_events
-			FOR EACH ROW EXECUTE FUNCTION fail_first_insert();`); err != nil {
-		t.Fatal(err)
-	}
+	failFirstKeyInsert(t, b, "evt_eager_40001")
 	p, _ := eager(t, b, txhook.Config{Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
 
 	_, err := p.Process(t.Context(), event("evt_eager_bad_sql"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {

@@ -202,18 +202,16 @@ func TestProcessOnOneConnection(t *testing.T) {
 	}
 }
 
-// TestDedupeStepSerializationFailureIsRetried makes the pipelined first
-// statement itself fail with 40001 once: the attempt must roll back and the
-// retry process the event, with the handler run once.
-func TestDedupeStepSerializationFailureIsRetried(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	// nextval is not rolled back, so only the first insert fails.
+// failFirstKeyInsert makes the first insert of key into the events table
+// fail with a serialization failure (40001); the sequence fail_once counts
+// the attempts (nextval is not rolled back).
+func failFirstKeyInsert(t *testing.T, b *bundle, key string) {
+	t.Helper()
 	if _, err := b.pool.Exec(t.Context(), `
 		CREATE SEQUENCE fail_once;
 		CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF nextval('fail_once') = 1 THEN
+			IF NEW.event_key = '`+key+`' AND nextval('fail_once') = 1 THEN
 				RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
 			END IF;
 			RETURN NEW;
@@ -222,8 +220,17 @@ func TestDedupeStepSerializationFailureIsRetried(t *testing.T) {
 			FOR EACH ROW EXECUTE FUNCTION fail_first_insert();`); err != nil {
 		t.Fatal(err)
 	}
-	p := b.processor(t, &txhook.Config{Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
+}
+
+// TestDedupeStepSerializationFailureIsRetried makes the pipelined first
+// statement itself fail with 40001 once: the attempt must roll back and the
+// retry process the event, with the handler run once.
+func TestDedupeStepSerializationFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
 	ev := event("evt_dedupe_40001")
+	failFirstKeyInsert(t, b, ev.Key)
+	p := b.processor(t, &txhook.Config{Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
 	calls := 0
 	mustProcess(t, p, ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		calls++

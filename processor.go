@@ -224,7 +224,7 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	if p.recent.settled(ev, time.Now()) {
+	if p.recent.settled(ev) {
 		p.dups.observe(true)
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
@@ -236,7 +236,7 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 		}
 		if settled {
 			p.dups.observe(true)
-			p.recent.remember(ev, time.Now())
+			p.recent.remember(ev)
 			return Result{Outcome: OutcomeDuplicate}, nil
 		}
 	}
@@ -245,7 +245,7 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 		p.dups.observe(res.Outcome == OutcomeDuplicate)
 		// Processed, failed or duplicate: the key's row is committed as
 		// done or failed.
-		p.recent.remember(ev, time.Now())
+		p.recent.remember(ev)
 	}
 	return res, err
 }
@@ -362,11 +362,18 @@ func (p *Processor) dedupe(ctx context.Context, q db.DBTX, ev Event) (Result, er
 
 // handle runs h for a key dedupe found new.
 func (p *Processor) handle(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
-	if err := h(ctx, tx, ev); err != nil {
-		if IsPermanent(err) {
-			return Result{}, err
+	return p.handled(h(ctx, tx, ev))
+}
+
+// handled turns the handler's return for a new key into the attempt's
+// result: a permanent error as it is (it is recorded as failed), any other
+// wrapped (it rolls back), nil as processed.
+func (p *Processor) handled(herr error) (Result, error) {
+	if herr != nil {
+		if IsPermanent(herr) {
+			return Result{}, herr
 		}
-		return Result{}, fmt.Errorf("handle event: %w", err)
+		return Result{}, fmt.Errorf("handle event: %w", herr)
 	}
 	p.crash.at(CrashAfterHandler)
 	return Result{Outcome: OutcomeProcessed}, nil

@@ -36,23 +36,23 @@ func newRecentKeys(n int, ttl time.Duration) *recentKeys {
 	return &recentKeys{ttl: ttl, at: make(map[recentKey]time.Time, n), ring: make([]recentKey, n)}
 }
 
-// settled reports whether ev's key was remembered less than the TTL before
-// now.
-func (r *recentKeys) settled(ev Event, now time.Time) bool {
+// settled reports whether ev's key was remembered less than the TTL ago.
+func (r *recentKeys) settled(ev Event) bool {
 	if r == nil {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t, ok := r.at[recentKey{ev.Source, ev.Key}]
-	return ok && now.Sub(t) < r.ttl
+	return ok && time.Since(t) < r.ttl
 }
 
 // remember records that ev's key is settled, as of now.
-func (r *recentKeys) remember(ev Event, now time.Time) {
+func (r *recentKeys) remember(ev Event) {
 	if r == nil {
 		return
 	}
+	now := time.Now()
 	k := recentKey{ev.Source, ev.Key}
 	r.mu.Lock()
 	defer r.mu.Unlock()
