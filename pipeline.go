@@ -47,9 +47,9 @@ type beginFirst struct {
 	tx pgx.Tx
 	// beginErr is BEGIN's own error: the transaction did not start.
 	beginErr error
-	// then, if set, is a statement sent in the same batch after the first
-	// one; its result is read only when the first statement succeeded.
-	then *pending
+	// then are statements sent in the same batch after the first one;
+	// their results are read only when the first statement succeeded.
+	then []pending
 }
 
 // pending is a statement queued behind a transaction's first statement:
@@ -73,26 +73,43 @@ func (s *pending) read(br pgx.BatchResults) {
 	s.err = br.QueryRow().Scan(s.dest...)
 }
 
+// readPending reads the results of stmts, sent in order in one batch, from
+// br. The server skips what follows a failed statement: those statements
+// get its error. It returns the index of the first failed statement, or -1.
+func readPending(br pgx.BatchResults, stmts []pending) int {
+	for i := range stmts {
+		stmts[i].read(br)
+		if err := stmts[i].err; err != nil {
+			for j := i + 1; j < len(stmts); j++ {
+				stmts[j].err = err
+			}
+			return i
+		}
+	}
+	return -1
+}
+
 var _ db.DBTX = (*beginFirst)(nil)
 
 // send sends BEGIN, sql and b.then in one batch and hands sql's result to
 // read. It returns BEGIN's error if BEGIN failed, and otherwise read's or
-// the batch's; an error of b.then's statement is b.then's.
+// the batch's; an error of one of b.then's statements is that statement's.
 func (b *beginFirst) send(ctx context.Context, sql string, args []any, read func(pgx.BatchResults) error) error {
 	batch := &pgx.Batch{}
 	batch.BeginTx(b.opts)
 	batch.Queue(sql, args...)
-	if b.then != nil {
-		batch.Queue(b.then.sql, b.then.args...)
+	for _, s := range b.then {
+		batch.Queue(s.sql, s.args...)
 	}
 	br := b.sender.SendBatch(ctx, batch)
 	b.tx = br.Tx()
 	_, b.beginErr = br.Exec()
 	var err error
+	failed := -1
 	if b.beginErr == nil {
 		err = read(br)
-		if err == nil && b.then != nil {
-			b.then.read(br)
+		if err == nil {
+			failed = readPending(br, b.then)
 		}
 	}
 	cerr := br.Close()
@@ -101,11 +118,13 @@ func (b *beginFirst) send(ctx context.Context, sql string, args []any, read func
 		return b.beginErr
 	case err != nil:
 		return err
-	case b.then != nil:
+	case len(b.then) > 0:
 		// The first statement succeeded; what failed after it (pgx's
 		// batch reports the first error again on Close) is b.then's.
-		if b.then.err == nil {
-			b.then.err = cerr
+		if failed < 0 && cerr != nil {
+			for i := range b.then {
+				b.then[i].err = cerr
+			}
 		}
 		return nil
 	}

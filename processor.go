@@ -252,8 +252,8 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 
 // process is Process after validation and the duplicate read.
 func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
-	if s := pipeliner(p.db); s != nil && p.withFirst {
-		return p.processEager(ctx, s, ev, h)
+	if s := pipeliner(p.db); s != nil {
+		return p.processPipelined(ctx, s, ev, h)
 	}
 	var res Result
 	// The dedupe step is the transaction's first statement, sent in the same

@@ -204,10 +204,12 @@ func (e *beginError) Unwrap() error { return e.err }
 
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.Is(err, pgx.ErrTxCommitRollback) ||
+	var rb *rolledBackError
+	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.As(err, &rb) ||
 		(errors.As(err, &pgErr) && pgErr.Severity == "ERROR") {
 		// The server answered COMMIT with an error (a deferred constraint, a
-		// serialization failure): the transaction rolled back.
+		// serialization failure), or a statement sent with it failed: the
+		// transaction rolled back.
 		return fmt.Errorf("commit: %w", err)
 	}
 	// The connection failed, or the server ended the session (FATAL): the
