@@ -35,9 +35,11 @@
 // Round trips: BEGIN and the dedupe step share one, then come the handler's
 // statements and COMMIT. With Config.DedupeWithFirstStatement the handler's
 // first statement joins that first round trip (the handler then starts
-// before its key is known to be new; see the field). A Processor remembers
-// the keys it saw settled (Config.RecentKeys) and answers their redeliveries
-// without a round trip.
+// before its key is known to be new; see the field). Writes a handler sends
+// through Deferred(tx) need no round trip of their own: they travel with its
+// next statement or with COMMIT. A Processor remembers the keys it saw
+// settled (Config.RecentKeys) and answers their redeliveries without a round
+// trip.
 //
 // # Lease mode
 //

@@ -131,8 +131,9 @@ type Config struct {
 // and two more round trips, that one and COMMIT, and a duplicate two (that
 // one and ROLLBACK). With Config.DedupeWithFirstStatement, that batch also
 // carries the handler's first statement: a new event costs one round trip
-// fewer. While more than half of the recent deliveries were
-// duplicates, as in a provider's redelivery storm, Process first reads
+// fewer. The writes a handler sends through Deferred travel with its next
+// statement or with COMMIT. While more than half of the recent deliveries
+// were duplicates, as in a provider's redelivery storm, Process first reads
 // whether the key is already settled, outside any transaction: a duplicate
 // costs one round trip and a new event one more than usual. A key the
 // Processor itself saw settled recently is answered from memory, with no

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
@@ -18,7 +19,8 @@ import (
 func benchProcessor(b *testing.B, cfg *txhook.Config) (*txhook.Processor, txhook.HandlerFunc) {
 	b.Helper()
 	d := testdb.New(b)
-	if _, err := d.Pool.Exec(b.Context(), `CREATE TABLE bench_effects (event_key text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
+	if _, err := d.Pool.Exec(b.Context(), `CREATE TABLE bench_effects (event_key text PRIMARY KEY, amount bigint NOT NULL);
+		CREATE TABLE bench_totals (id int PRIMARY KEY, total bigint NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
 	c := txhook.Config{StorePayload: true}
@@ -53,8 +55,49 @@ func BenchmarkProcessNewFirstStatement(b *testing.B) {
 	benchNew(b, &txhook.Config{DedupeWithFirstStatement: true})
 }
 
+// BenchmarkProcessTwoWrites is a new event whose handler makes two writes,
+// the example's shape (a row, then a running total's upsert), with
+// Config.DedupeWithFirstStatement: BEGIN, the dedupe step and the first
+// write in one round trip, then the second write, then COMMIT (three).
+func BenchmarkProcessTwoWrites(b *testing.B) {
+	benchNewWith(b, &txhook.Config{DedupeWithFirstStatement: true}, twoWrites(false))
+}
+
+// BenchmarkProcessTwoWritesDeferred is BenchmarkProcessTwoWrites with the
+// second write deferred (txhook.Deferred): it travels with COMMIT (two
+// round trips).
+func BenchmarkProcessTwoWritesDeferred(b *testing.B) {
+	benchNewWith(b, &txhook.Config{DedupeWithFirstStatement: true}, twoWrites(true))
+}
+
+// twoWrites returns a handler that inserts the event's row and adds to a
+// running total, the second write deferred if deferSecond.
+func twoWrites(deferSecond bool) txhook.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO bench_effects (event_key, amount) VALUES ($1, 500)", ev.Key); err != nil {
+			return err
+		}
+		var q db.DBTX = tx
+		if deferSecond {
+			q = txhook.Deferred(tx)
+		}
+		_, err := q.Exec(ctx, `INSERT INTO bench_totals AS t (id, total) VALUES (1, 500)
+			ON CONFLICT (id) DO UPDATE SET total = t.total + EXCLUDED.total`)
+		return err
+	}
+}
+
 func benchNew(b *testing.B, cfg *txhook.Config) {
-	p, h := benchProcessor(b, cfg)
+	benchNewWith(b, cfg, nil)
+}
+
+// benchNewWith measures new events processed with h (nil for
+// benchProcessor's one write).
+func benchNewWith(b *testing.B, cfg *txhook.Config, h txhook.HandlerFunc) {
+	p, oneWrite := benchProcessor(b, cfg)
+	if h == nil {
+		h = oneWrite
+	}
 	ctx := b.Context()
 	b.ReportAllocs()
 	i := 0
