@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook"
@@ -13,9 +14,10 @@ import (
 )
 
 // The transactional handlers. Each runs in the transaction that records the
-// event's key and gets the example's sqlc queries bound to that transaction
-// (txhook.WithQueries(ordersdb.New, ...) in routes.go), so every write it
-// can make commits together with the key or not at all.
+// event's key and writes through the example's sqlc queries bound to that
+// transaction (ordersdb.New(tx), or txhook.WithQueries(ordersdb.New, ...) in
+// routes.go), so every write it can make commits together with the key or
+// not at all.
 //
 // A payload that can never be applied (a missing id, a negative amount) is a
 // txhook.Permanent error: the event is recorded as failed, with its payload,
@@ -68,8 +70,10 @@ func badObject(ev txhook.Event, what string) error {
 // checkoutSessionCompleted records the order and adds its amount to the
 // customer's total. The total's update is deliberately not idempotent: it is
 // correct only because the event's key commits in the same transaction, so
-// a redelivered event never reaches it.
-func checkoutSessionCompleted(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
+// a redelivered event never reaches it. The handler needs no answer from it,
+// so it is deferred (txhook.Deferred): it travels with COMMIT instead of
+// costing a round trip of its own.
+func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	cs, err := object[checkoutSession](ev)
 	if err != nil {
 		return err
@@ -84,7 +88,7 @@ func checkoutSessionCompleted(ctx context.Context, q *ordersdb.Queries, ev txhoo
 	if cs.Customer != nil && *cs.Customer != "" {
 		customer = pgtype.Text{String: *cs.Customer, Valid: true}
 	}
-	if _, err := q.InsertOrder(ctx, ordersdb.InsertOrderParams{
+	if _, err := ordersdb.New(tx).InsertOrder(ctx, ordersdb.InsertOrderParams{
 		CheckoutSessionID: cs.ID,
 		CustomerID:        customer,
 		AmountTotal:       *cs.AmountTotal,
@@ -94,7 +98,7 @@ func checkoutSessionCompleted(ctx context.Context, q *ordersdb.Queries, ev txhoo
 	if !customer.Valid {
 		return nil // a guest checkout: no customer total to keep
 	}
-	if _, err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{
+	if err := ordersdb.New(txhook.Deferred(tx)).AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{
 		ID:     customer.String,
 		Amount: *cs.AmountTotal,
 	}); err != nil {

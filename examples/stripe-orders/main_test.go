@@ -12,12 +12,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
@@ -431,5 +433,96 @@ func TestLoadConfig(t *testing.T) {
 	}
 	if got := splitSecrets(" whsec_a, ,whsec_b "); len(got) != 2 || got[0] != "whsec_a" || got[1] != "whsec_b" {
 		t.Fatalf("splitSecrets = %q", got)
+	}
+}
+
+// roundTrips records what a connection sends, one entry per round trip: a
+// statement, or a batch's statements (sqlc query names, or the SQL).
+type roundTrips struct {
+	mu    sync.Mutex
+	trips [][]string
+}
+
+func sqlName(sql string) string {
+	if name, ok := strings.CutPrefix(sql, "-- name: "); ok {
+		return strings.Fields(name)[0]
+	}
+	return strings.ToLower(sql)
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips = append(r.trips, []string{sqlName(d.SQL)})
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var trip []string
+	for _, q := range d.Batch.QueuedQueries {
+		trip = append(trip, sqlName(q.SQL))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips = append(r.trips, trip)
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestCheckoutRoundTrips: a new checkout.session.completed costs the example
+// two round trips (BEGIN, the dedupe step and the order insert; then the
+// deferred total update and COMMIT), a guest checkout's no deferred
+// statement, and its effects are all committed.
+func TestCheckoutRoundTrips(t *testing.T) {
+	tdb := testdb.New(t, template)
+	cfg, err := pgxpool.ParseConfig(tdb.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	h, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	f := &fixture{db: tdb, q: ordersdb.New(tdb.Pool), url: srv.URL + "/webhooks/stripe"}
+
+	take := func() [][]string {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		out := rt.trips
+		rt.trips = nil
+		return out
+	}
+	code, out := f.deliver(t, checkout(t, "evt_rt_1", "cs_rt_1", "cus_rt", 250))
+	wantAnswer(t, code, out, http.StatusOK, "processed")
+	want := [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"AddCustomerSpend", "commit"}}
+	if got := take(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("checkout: round trips %q, want %q", got, want)
+	}
+	if got := f.total(t, "cus_rt"); got != 250 {
+		t.Errorf("total spent = %d, want 250", got)
+	}
+
+	code, out = f.deliver(t, checkout(t, "evt_rt_2", "cs_rt_2", nil, 250))
+	wantAnswer(t, code, out, http.StatusOK, "processed")
+	want = [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"commit"}}
+	if got := take(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("guest checkout: round trips %q, want %q", got, want)
+	}
+	if n := f.count(t, "SELECT count(*) FROM orders WHERE checkout_session_id = 'cs_rt_2'"); n != 1 {
+		t.Errorf("guest order rows = %d, want 1", n)
 	}
 }

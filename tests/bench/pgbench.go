@@ -20,9 +20,9 @@ import (
 // does); the order insert and the customer total upsert (the example's
 // sqlc queries InsertOrder and AddCustomerSpend); COMMIT. Run with
 // -M prepared, like pgx's statement cache. The stored payload is the body
-// of a real event of the same size. The %s before BEGIN and the one after
-// the order insert take \startpipeline and \endpipeline in the pipelined
-// script.
+// of a real event of the same size. The %s before BEGIN, after the order
+// insert and after END take \startpipeline and \endpipeline in the
+// pipelined script.
 const pgbenchScript = `\set n random(1, 1000000000000)
 \set cus random(0, %d)
 \set amount random(100, 9999)
@@ -30,24 +30,26 @@ const pgbenchScript = `\set n random(1, 1000000000000)
 SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
 FROM txhook_insert_event('stripe', ('evt_limit_' || :n::text)::text, 'checkout.session.completed'::text, decode('%s', 'hex'), NULL::bytea, '2000ms'::text);
 INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ('cs_limit_' || :n::text, 'cus_bench_' || :cus::text, :amount) ON CONFLICT (checkout_session_id) DO NOTHING;
-%sINSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent;
+%sINSERT INTO customers AS c (id, total_spent) VALUES ('cus_bench_' || :cus::text, (:amount)::bigint) ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now();
 END;
-`
+%s`
 
 // writePgbenchScript writes the script into dir with payload as the stored
-// body. With pipelined set, BEGIN, the dedupe step and the order insert
-// share a round trip (pgbench's \startpipeline), as txhook sends them with
-// Config.DedupeWithFirstStatement; otherwise every statement is a round trip
-// of its own.
+// body. With pipelined set, the statements travel in two round trips
+// (pgbench's \startpipeline), as txhook sends them for the example: BEGIN,
+// the dedupe step and the order insert (Config.DedupeWithFirstStatement),
+// then the customer total's upsert, which the example defers, and COMMIT.
+// Otherwise every statement is a round trip of its own.
 func writePgbenchScript(dir string, payload []byte, customers int, pipelined bool) (string, error) {
 	// Hex, because pgbench would read the JSON's colons as variables.
 	lit := hex.EncodeToString(payload)
-	name, start, end := "event.sql", "", ""
+	name, start, end, restart := "event.sql", "", "", ""
 	if pipelined {
 		name, start, end = "event-pipelined.sql", "\\startpipeline\n", "\\endpipeline\n"
+		restart = end + start
 	}
 	path := filepath.Join(dir, name)
-	script := fmt.Sprintf(pgbenchScript, customers-1, start, lit, end)
+	script := fmt.Sprintf(pgbenchScript, customers-1, start, lit, restart, end)
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		return "", fmt.Errorf("write pgbench script: %w", err)
 	}

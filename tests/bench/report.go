@@ -152,16 +152,17 @@ func (r *report) markdown() string {
 	p("- **%s**: pgbench `-M prepared`, c connections, running exactly the SQL the library sends for one event", scenLimit)
 	p("  (BEGIN; `txhook_insert_event(...)`; the example's InsertOrder and AddCustomerSpend; COMMIT), each statement a round")
 	p("  trip of its own (five): the database's own limit, and the reference of every ratio to the limit.")
-	p("- **%s**: the same script with BEGIN, the dedupe step and the order insert in one pipeline", scenLimitPipe)
-	p("  (`\\startpipeline`): three round trips, the ones txhook sends with `DedupeWithFirstStatement`, as the example sets it.")
+	p("- **%s**: the same script in two pipelines (`\\startpipeline`): BEGIN, the dedupe step and the order", scenLimitPipe)
+	p("  insert, then the customer total's upsert and COMMIT: the two round trips txhook sends for the example.")
 	p("- **%s**: the key inserted and committed alone, then the work in a second transaction (fast and wrong: a", scenNaive)
 	p("  crash between the two loses the event); pgxpool of c connections.")
 	p("- **%s**: `Processor.Process` called directly with the example's handler (JSON decode and the same", scenLibrary)
 	p("  writes through its sqlc queries) and the example's configuration; pgxpool of c connections. With")
-	p("  `DedupeWithFirstStatement` txhook sends BEGIN, the dedupe step and the handler's first statement in one round")
-	p("  trip (a pgx batch), then the handler's second statement and COMMIT: three round trips.")
+	p("  `DedupeWithFirstStatement` txhook sends BEGIN, the dedupe step and the handler's first statement (the order")
+	p("  insert) in one round trip (a pgx batch); the handler defers the customer total's upsert (`txhook.Deferred`),")
+	p("  which travels with COMMIT: two round trips.")
 	p("- **%s**: the same without `DedupeWithFirstStatement` (the default: the key is known new before the", scenLibraryFirst)
-	p("  handler runs): BEGIN and the dedupe step in one round trip, then the handler's two statements and COMMIT: four.")
+	p("  handler runs): BEGIN and the dedupe step in one round trip, the order insert, then the upsert and COMMIT: three.")
 	p("- **%s**: the same statements written directly with pgx, one round trip each (five): what a Go client", scenRawPgx)
 	p("  of the limit costs.")
 	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip). Not a correct", scenBatchPgx)
@@ -302,7 +303,7 @@ func (r *report) markdown() string {
 		}
 		p("- c=%d: pgbench spends %.2f ms per event in the client and %.2f in the rest; pgx with the same SQL %.2f and %.2f;",
 			c, lim.CPU.Client, lim.CPU.Rest, raw.CPU.Client, raw.CPU.Rest)
-		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends two round trips fewer).",
+		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends three round trips fewer).",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
 	if l8, ok := r.find(scenLimit, 8); ok {
@@ -385,11 +386,11 @@ func (r *report) explain(p func(string, ...any)) {
 	p("What separates the rows from the limit at concurrency %d, from the figures above:", c)
 	p("")
 	p("- Plain pgx sending the same statements one round trip each (five) reaches %.2f× of the limit; the txhook", raw)
-	p("  library, configured as the example (three round trips), %.2f× (library / plain pgx: %.2f×); with its default", lib, lib/raw)
-	p("  configuration (the dedupe step before the handler: four round trips) %.2f×. Sent as one batch, the same", r.ratio(scenLibraryFirst, scenLimit, c))
+	p("  library, configured as the example (two round trips), %.2f× (library / plain pgx: %.2f×); with its default", lib, lib/raw)
+	p("  configuration (the dedupe step before the handler: three round trips) %.2f×. Sent as one batch, the same", r.ratio(scenLibraryFirst, scenLimit, c))
 	p("  statements reach %.2f×.", batch)
 	if pipe := r.ratio(scenLimitPipe, scenLimit, c); pipe > 0 {
-		p("  pgbench sending txhook's three round trips reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
+		p("  pgbench sending txhook's two round trips reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
 		p("  doing what it does.")
 	}
 	if r.profile.text != "" {

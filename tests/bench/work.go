@@ -64,8 +64,10 @@ func decodeCheckout(body []byte) (checkout, error) {
 }
 
 // applyCheckout makes the business writes of the example's
-// checkout.session.completed handler: the order, then the customer's total.
-func applyCheckout(ctx context.Context, q *ordersdb.Queries, c checkout) error {
+// checkout.session.completed handler: the order through q, then the
+// customer's total through later (the example defers it to COMMIT; the rows
+// without txhook pass q for both).
+func applyCheckout(ctx context.Context, q, later *ordersdb.Queries, c checkout) error {
 	o := c.Data.Object
 	customer := pgtype.Text{}
 	if o.Customer != nil && *o.Customer != "" {
@@ -79,20 +81,20 @@ func applyCheckout(ctx context.Context, q *ordersdb.Queries, c checkout) error {
 	if !customer.Valid {
 		return nil
 	}
-	if _, err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: customer.String, Amount: *o.AmountTotal}); err != nil {
+	if err := later.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: customer.String, Amount: *o.AmountTotal}); err != nil {
 		return fmt.Errorf("add customer spend: %w", err)
 	}
 	return nil
 }
 
 // libraryHandler is the example's handler as a txhook.HandlerFunc.
-var libraryHandler = txhook.WithQueries(ordersdb.New, func(ctx context.Context, q *ordersdb.Queries, ev txhook.Event) error {
+func libraryHandler(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	c, err := decodeCheckout(ev.Payload)
 	if err != nil {
 		return err
 	}
-	return applyCheckout(ctx, q, c)
-})
+	return applyCheckout(ctx, ordersdb.New(tx), ordersdb.New(txhook.Deferred(tx)), c)
+}
 
 // processLibrary applies one event with Process, as the example's endpoint
 // does, and checks the outcome.
@@ -122,7 +124,8 @@ func processNaive(ctx context.Context, pool *pgxpool.Pool, key string, body []by
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return applyCheckout(ctx, ordersdb.New(tx), c)
+		q := ordersdb.New(tx)
+		return applyCheckout(ctx, q, q, c)
 	})
 }
 
@@ -143,7 +146,8 @@ func processRawPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []b
 		if err := tx.QueryRow(ctx, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms").Scan(&status, &lease); err != nil {
 			return fmt.Errorf("insert event: %w", err)
 		}
-		return applyCheckout(ctx, ordersdb.New(tx), c)
+		q := ordersdb.New(tx)
+		return applyCheckout(ctx, q, q, c)
 	})
 }
 
@@ -163,7 +167,7 @@ func processBatchPgx(ctx context.Context, pool *pgxpool.Pool, key string, body [
 	b.Queue("INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ($1, $2, $3) ON CONFLICT (checkout_session_id) DO NOTHING",
 		o.ID, o.Customer, *o.AmountTotal)
 	b.Queue(`INSERT INTO customers AS c (id, total_spent) VALUES ($1, $2::bigint)
-		ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now() RETURNING total_spent`,
+		ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now()`,
 		*o.Customer, *o.AmountTotal)
 	b.Queue("COMMIT")
 	return pool.SendBatch(ctx, b).Close()

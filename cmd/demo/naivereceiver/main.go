@@ -156,7 +156,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}); err != nil {
 				return err
 			}
-			if _, err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: o.Customer, Amount: o.AmountTotal}); err != nil {
+			if err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: o.Customer, Amount: o.AmountTotal}); err != nil {
 				return err
 			}
 			rc.crashAt(txhook.CrashAfterHandler)

@@ -11,12 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const addCustomerSpend = `-- name: AddCustomerSpend :one
+const addCustomerSpend = `-- name: AddCustomerSpend :exec
 INSERT INTO customers AS c (id, total_spent)
 VALUES ($1, $2::bigint)
 ON CONFLICT (id) DO UPDATE
     SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now()
-RETURNING total_spent
 `
 
 type AddCustomerSpendParams struct {
@@ -26,11 +25,9 @@ type AddCustomerSpendParams struct {
 
 // Adds amount to the customer's total, creating the customer on first sight. Not idempotent:
 // it relies on running once per event, which the dedupe in the same transaction guarantees.
-func (q *Queries) AddCustomerSpend(ctx context.Context, arg AddCustomerSpendParams) (int64, error) {
-	row := q.db.QueryRow(ctx, addCustomerSpend, arg.ID, arg.Amount)
-	var total_spent int64
-	err := row.Scan(&total_spent)
-	return total_spent, err
+func (q *Queries) AddCustomerSpend(ctx context.Context, arg AddCustomerSpendParams) error {
+	_, err := q.db.Exec(ctx, addCustomerSpend, arg.ID, arg.Amount)
+	return err
 }
 
 const createInvoice = `-- name: CreateInvoice :execrows

@@ -4,14 +4,13 @@ INSERT INTO orders (checkout_session_id, customer_id, amount_total)
 VALUES (@checkout_session_id, @customer_id, @amount_total)
 ON CONFLICT (checkout_session_id) DO NOTHING;
 
--- name: AddCustomerSpend :one
+-- name: AddCustomerSpend :exec
 -- Adds amount to the customer's total, creating the customer on first sight. Not idempotent:
 -- it relies on running once per event, which the dedupe in the same transaction guarantees.
 INSERT INTO customers AS c (id, total_spent)
 VALUES (@id, @amount::bigint)
 ON CONFLICT (id) DO UPDATE
-    SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now()
-RETURNING total_spent;
+    SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now();
 
 -- name: CreateInvoice :execrows
 -- Records a new invoice as pending. Does nothing when the invoice exists, including when
