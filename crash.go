@@ -26,7 +26,8 @@ const (
 	CrashAfterInsert CrashPoint = "after-insert"
 	// CrashAfterHandler: the handler returned nil, nothing is committed.
 	CrashAfterHandler CrashPoint = "after-handler"
-	// CrashBeforeCommit: immediately before COMMIT is sent.
+	// CrashBeforeCommit: immediately before COMMIT is sent (with the
+	// handler's deferred statements, if any: see Deferred).
 	CrashBeforeCommit CrashPoint = "before-commit"
 	// CrashAfterCommit: COMMIT succeeded, the caller has not been told.
 	CrashAfterCommit CrashPoint = "after-commit"

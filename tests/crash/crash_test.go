@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
@@ -41,10 +42,21 @@ CREATE TABLE totals (customer text PRIMARY KEY, spent bigint NOT NULL);
 CREATE TABLE naive_processed_events (event_key text PRIMARY KEY);`
 
 func apply(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	return applyTo(ctx, tx, tx, ev)
+}
+
+// applyDeferred is apply with the total's update deferred (txhook.Deferred):
+// it travels with COMMIT.
+func applyDeferred(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	return applyTo(ctx, tx, txhook.Deferred(tx), ev)
+}
+
+// applyTo inserts the order through tx and updates the total through later.
+func applyTo(ctx context.Context, tx pgx.Tx, later db.DBTX, ev txhook.Event) error {
 	if _, err := tx.Exec(ctx, "INSERT INTO orders (id, amount) VALUES ($1, 500)", "order-"+ev.Key); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO totals (customer, spent) VALUES ('cus_1', 500)
+	_, err := later.Exec(ctx, `INSERT INTO totals (customer, spent) VALUES ('cus_1', 500)
 		ON CONFLICT (customer) DO UPDATE SET spent = totals.spent + 500`)
 	return err
 }
@@ -62,15 +74,20 @@ func child(mode string) int {
 	ev := txhook.Event{Source: "crash-test", Key: "evt_crash", Type: "checkout.session.completed"}
 	var outcome string
 	switch mode {
-	case "txhook", "txhook-first":
+	case "txhook", "txhook-first", "txhook-deferred":
 		// txhook-first sends the dedupe step with the handler's first
-		// statement.
-		p, err := txhook.NewProcessor(pool, &txhook.Config{DedupeWithFirstStatement: mode == "txhook-first"})
+		// statement; txhook-deferred also defers its second statement to
+		// COMMIT.
+		p, err := txhook.NewProcessor(pool, &txhook.Config{DedupeWithFirstStatement: mode != "txhook"})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		res, err := p.Process(ctx, ev, apply)
+		h := apply
+		if mode == "txhook-deferred" {
+			h = applyDeferred
+		}
+		res, err := p.Process(ctx, ev, h)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -166,7 +183,7 @@ var crashPoints = []txhook.CrashPoint{
 
 func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"txhook", "txhook-first"} {
+	for _, mode := range []string{"txhook", "txhook-first", "txhook-deferred"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			crashThenRedeliver(t, mode)
