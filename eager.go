@@ -358,7 +358,7 @@ func (lt *lazyTx) Commit(ctx context.Context) error {
 		return errTxDone
 	}
 	if !lt.sent || lt.err != nil {
-		return errors.Join(errors.New("txhook: commit of a transaction whose dedupe step did not find the key new"), lt.err)
+		return errors.Join(errors.New("txhook: commit of a transaction that was not begun or has failed"), lt.err)
 	}
 	defer lt.end()
 	if len(lt.queue) == 0 {

@@ -256,9 +256,10 @@ func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 	if s := pipeliner(p.db); s != nil {
 		return p.processPipelined(ctx, s, ev, h)
 	}
+	// A database that only begins transactions (a wrapper): BEGIN, the
+	// dedupe step as the transaction's first statement, and the handler
+	// only for a new key; Deferred statements run at once.
 	var res Result
-	// The dedupe step is the transaction's first statement, sent in the same
-	// round trip as BEGIN; the handler runs only for a new key.
 	dedupe := func(ctx context.Context, q db.DBTX) error {
 		var err error
 		res, err = p.dedupe(ctx, q, ev)
