@@ -49,7 +49,7 @@ func TestDeferredRoundTrips(t *testing.T) {
 				}
 				return dedupeFirst
 			}
-			tr.take()
+			tr.Take()
 
 			mustProcess(t, p, event("evt_write_defer"), writeThenDefer, txhook.OutcomeProcessed)
 			wantTrips(t, tr, "write, then deferred write", trips(
@@ -195,19 +195,7 @@ func TestDeferredStatementFails(t *testing.T) {
 func TestDeferredSerializationFailureIsRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := b.pool.Exec(t.Context(), `
-		CREATE SEQUENCE fail_once;
-		CREATE FUNCTION fail_first_note() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.note = 'deferred' AND nextval('fail_once') = 1 THEN
-				RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER fail_first_note BEFORE INSERT ON effects
-			FOR EACH ROW EXECUTE FUNCTION fail_first_note();`); err != nil {
-		t.Fatal(err)
-	}
+	failFirstInsert(t, b, "effects", "NEW.note = 'deferred'")
 	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, Tx: &txhook.TxOptions{BaseBackoff: time.Millisecond}})
 	calls := 0
 	ev := event("evt_deferred_40001")

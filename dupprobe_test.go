@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
 // storm redelivers ev until the processor reads before its transactions:
@@ -30,7 +31,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	ev := event("evt_storm")
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
 	storm(t, p, ev)
-	tr.take()
+	tr.Take()
 
 	steps := []struct {
 		name string
@@ -48,7 +49,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	}
 	for _, s := range steps {
 		mustProcess(t, p, s.ev, insertEffect, s.want)
-		if got := tr.take(); !slices.EqualFunc(got, s.sent, slices.Equal) {
+		if got := tr.Take(); !slices.EqualFunc(got, s.sent, slices.Equal) {
 			t.Errorf("%s: round trips %q, want %q", s.name, got, s.sent)
 		}
 	}
@@ -56,10 +57,10 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	for i := range 12 {
 		mustProcess(t, p, event("evt_after_storm_"+string(rune('a'+i))), insertEffect, txhook.OutcomeProcessed)
 	}
-	tr.take()
+	tr.Take()
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
 	want := [][]string{{"begin", "InsertEvent"}, {"rollback"}}
-	if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+	if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("duplicate after the storm: round trips %q, want %q", got, want)
 	}
 	if n := b.effects(t, ev.Key); n != 1 {
@@ -186,7 +187,7 @@ func (b beginOnly) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error)
 func TestWrappedDatabases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
 	lease := txhook.LeaseHandler{
 		Lease: 10 * time.Second,
 		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
@@ -212,16 +213,16 @@ func TestWrappedDatabases(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := "evt_wrapped_" + strings.ReplaceAll(c.name, " ", "_")
-		tr.take()
+		tr.Take()
 		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeProcessed)
 		want := [][]string{{"begin"}, {"InsertEvent"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}
-		if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+		if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 			t.Errorf("%s: new event: round trips %q, want %q", c.name, got, want)
 		}
 		storm(t, p, event(key))
-		tr.take()
+		tr.Take()
 		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeDuplicate)
-		if got := tr.take(); !slices.EqualFunc(got, c.stormDup, slices.Equal) {
+		if got := tr.Take(); !slices.EqualFunc(got, c.stormDup, slices.Equal) {
 			t.Errorf("%s: duplicate in a storm: round trips %q, want %q", c.name, got, c.stormDup)
 		}
 
@@ -234,7 +235,7 @@ func TestWrappedDatabases(t *testing.T) {
 		if err != nil || res.Outcome != txhook.OutcomeProcessed {
 			t.Fatalf("%s: process lease: %v, %v", c.name, res.Outcome, err)
 		}
-		if got := tr.take(); !slices.EqualFunc(got, c.leaseSent, slices.Equal) {
+		if got := tr.Take(); !slices.EqualFunc(got, c.leaseSent, slices.Equal) {
 			t.Errorf("%s: lease mode: round trips %q, want %q", c.name, got, c.leaseSent)
 		}
 		for _, k := range []string{key, key + "_lease"} {

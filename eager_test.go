@@ -10,15 +10,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
 const insertEffectSQL = "insert into effects (event_key) values ($1)"
 
 // eager returns a processor with DedupeWithFirstStatement on a traced pool
 // of one connection.
-func eager(t *testing.T, b *bundle, cfg txhook.Config) (*txhook.Processor, *trace) {
+func eager(t *testing.T, b *bundle, cfg txhook.Config) (*txhook.Processor, *pgtrace.Recorder) {
 	t.Helper()
-	pool, tr := tracedPool(t, b.db.URL)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
 	cfg.DedupeWithFirstStatement = true
 	cfg.RecentKeys = -1 // every duplicate goes to the database
 	p, err := txhook.NewProcessor(pool, &cfg)
@@ -33,9 +34,9 @@ func eager(t *testing.T, b *bundle, cfg txhook.Config) (*txhook.Processor, *trac
 	return p, tr
 }
 
-func wantTrips(t *testing.T, tr *trace, what string, want [][]string) {
+func wantTrips(t *testing.T, tr *pgtrace.Recorder, what string, want [][]string) {
 	t.Helper()
-	if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+	if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("%s: round trips %q, want %q", what, got, want)
 	}
 }
@@ -55,7 +56,7 @@ func TestDedupeWithFirstStatementRoundTrips(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'second')", key)
 		return err
 	}
-	tr.take()
+	tr.Take()
 	mustProcess(t, p, event("evt_eager_one"), insertEffect, txhook.OutcomeProcessed)
 	wantTrips(t, tr, "new event, one statement", [][]string{{"begin", "InsertEvent", insertEffectSQL}, {"commit"}})
 
@@ -100,7 +101,7 @@ func TestDedupeWithFirstStatementHandlerWithoutStatements(t *testing.T) {
 		return txhook.Permanent(errors.New("payload cannot be applied"))
 	}
 	transient := func(context.Context, pgx.Tx, txhook.Event) error { return errors.New("try again") }
-	tr.take()
+	tr.Take()
 
 	mustProcess(t, p, event("evt_nothing"), nothing, txhook.OutcomeProcessed)
 	wantTrips(t, tr, "no statements", [][]string{{"begin", "InsertEvent"}, {"commit"}})
@@ -207,7 +208,7 @@ func TestDedupeWithFirstStatementOtherFirstCalls(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p, tr := eager(t, b, txhook.Config{})
-	tr.take()
+	tr.Take()
 	mustProcess(t, p, event("evt_eager_query"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		rows, err := tx.Query(ctx, "SELECT 1")
 		if err != nil {
@@ -218,7 +219,7 @@ func TestDedupeWithFirstStatementOtherFirstCalls(t *testing.T) {
 	}, txhook.OutcomeProcessed)
 	wantTrips(t, tr, "Query first", [][]string{{"begin", "InsertEvent"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
 
-	pool, tr2 := tracedPool(t, b.db.URL)
+	pool, tr2 := pgtrace.Pool(t, b.db.URL)
 	wrapped, err := txhook.NewProcessor(beginOnly{pool}, &txhook.Config{DedupeWithFirstStatement: true})
 	if err != nil {
 		t.Fatal(err)

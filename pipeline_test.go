@@ -4,89 +4,20 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
-// trace records what a connection sends: each Query/Exec call and each
-// batch (one round trip) with the statements queued in it.
-type trace struct {
-	mu    sync.Mutex
-	sends [][]string
-}
-
-func (tr *trace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	tr.sends = append(tr.sends, []string{label(d.SQL)})
-	return ctx
-}
-
-func (tr *trace) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (tr *trace) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	var stmts []string
-	for _, q := range d.Batch.QueuedQueries {
-		stmts = append(stmts, label(q.SQL))
-	}
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	tr.sends = append(tr.sends, stmts)
-	return ctx
-}
-
-func (tr *trace) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (tr *trace) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// take returns what was sent since the last call.
-func (tr *trace) take() [][]string {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	s := tr.sends
-	tr.sends = nil
-	return s
-}
-
-// label shortens a statement to what the tests compare: the sqlc query name
-// for generated queries, the statement itself otherwise.
-func label(sql string) string {
-	if name, ok := strings.CutPrefix(sql, "-- name: "); ok {
-		return strings.Fields(name)[0]
-	}
-	return strings.ToLower(strings.TrimSpace(sql))
-}
-
-func tracedPool(t *testing.T, url string) (*pgxpool.Pool, *trace) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &trace{}
-	cfg.ConnConfig.Tracer = tr
-	// One connection, opened before the test looks: connecting sends
-	// nothing traced, and every Process then uses this connection.
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, tr
-}
-
 // tracedProcessor returns a processor configured by cfg on a traced pool of
-// one connection (see tracedPool).
-func tracedProcessor(t *testing.T, b *bundle, cfg *txhook.Config) (*txhook.Processor, *trace) {
+// one connection (see pgtrace.Pool).
+func tracedProcessor(t *testing.T, b *bundle, cfg *txhook.Config) (*txhook.Processor, *pgtrace.Recorder) {
 	t.Helper()
-	pool, tr := tracedPool(t, b.db.URL)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
 	p, err := txhook.NewProcessor(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +28,7 @@ func tracedProcessor(t *testing.T, b *bundle, cfg *txhook.Config) (*txhook.Proce
 func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
 	p, err := txhook.NewProcessor(pool, noMemory)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +37,7 @@ func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
 	// The first call on a connection also prepares the statements; warm up
 	// with another key so that the cases below see the steady state.
 	mustProcess(t, p, event("evt_warm"), insertEffect, txhook.OutcomeProcessed)
-	tr.take()
+	tr.Take()
 
 	cases := []struct {
 		name string
@@ -125,7 +56,7 @@ func TestDedupeStepSharesRoundTripWithBegin(t *testing.T) {
 	}
 	for _, c := range cases {
 		mustProcess(t, p, ev, insertEffect, c.want)
-		if got := tr.take(); !slices.EqualFunc(got, c.sent, slices.Equal) {
+		if got := tr.Take(); !slices.EqualFunc(got, c.sent, slices.Equal) {
 			t.Errorf("%s: round trips %q, want %q", c.name, got, c.sent)
 		}
 		if n := pool.Stat().AcquiredConns(); n != 0 {
@@ -203,20 +134,27 @@ func TestProcessOnOneConnection(t *testing.T) {
 }
 
 // failFirstKeyInsert makes the first insert of key into the events table
-// fail with a serialization failure (40001); the sequence fail_once counts
-// the attempts (nextval is not rolled back).
+// fail with a serialization failure (40001).
 func failFirstKeyInsert(t *testing.T, b *bundle, key string) {
+	t.Helper()
+	failFirstInsert(t, b, "txhook_processed_events", "NEW.event_key = '"+key+"'")
+}
+
+// failFirstInsert makes the first insert into table of a row meeting cond
+// (SQL over NEW) fail with a serialization failure (40001); the sequence
+// fail_once counts the attempts (nextval is not rolled back).
+func failFirstInsert(t *testing.T, b *bundle, table, cond string) {
 	t.Helper()
 	if _, err := b.pool.Exec(t.Context(), `
 		CREATE SEQUENCE fail_once;
 		CREATE FUNCTION fail_first_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF NEW.event_key = '`+key+`' AND nextval('fail_once') = 1 THEN
+			IF `+cond+` AND nextval('fail_once') = 1 THEN
 				RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
 			END IF;
 			RETURN NEW;
 		END $$;
-		CREATE TRIGGER fail_first_insert BEFORE INSERT ON txhook_processed_events
+		CREATE TRIGGER fail_first_insert BEFORE INSERT ON `+table+`
 			FOR EACH ROW EXECUTE FUNCTION fail_first_insert();`); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +252,7 @@ func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 		}
 	}
 	lease("evt_lease_warm")
-	tr.take()
+	tr.Take()
 	lease("evt_lease_rt")
 	want := [][]string{
 		{"ClaimEvent"},
@@ -322,7 +260,7 @@ func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 		{"insert into effects (event_key) values ($1)"},
 		{"commit"},
 	}
-	if got := tr.take(); !slices.EqualFunc(got, want, slices.Equal) {
+	if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("round trips %q, want %q", got, want)
 	}
 	if n := b.effects(t, "evt_lease_rt"); n != 1 {

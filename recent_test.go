@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
 // TestRecentKeysAnswerWithoutRoundTrip: a key this Processor saw settled,
@@ -30,7 +31,7 @@ func TestRecentKeysAnswerWithoutRoundTrip(t *testing.T) {
 	if _, err := p.Process(t.Context(), event("evt_error"), transient); err == nil {
 		t.Fatal("a handler error was not returned")
 	}
-	tr.take()
+	tr.Take()
 
 	for _, key := range []string{"evt_mine", "evt_theirs", "evt_failed"} {
 		calls := 0
@@ -38,13 +39,13 @@ func TestRecentKeysAnswerWithoutRoundTrip(t *testing.T) {
 			calls++
 			return nil
 		}, txhook.OutcomeDuplicate)
-		if got := tr.take(); len(got) != 0 || calls != 0 {
+		if got := tr.Take(); len(got) != 0 || calls != 0 {
 			t.Errorf("%s: round trips %q, handler calls %d; want none", key, got, calls)
 		}
 	}
 	// An error settles nothing: the next delivery is processed.
 	mustProcess(t, p, event("evt_error"), insertEffect, txhook.OutcomeProcessed)
-	if got := tr.take(); len(got) == 0 {
+	if got := tr.Take(); len(got) == 0 {
 		t.Error("evt_error: answered without the database after an error")
 	}
 	if n := b.effects(t, "evt_mine") + b.effects(t, "evt_theirs") + b.effects(t, "evt_error"); n != 3 {
@@ -88,12 +89,12 @@ func TestRecentKeysInFlightIsNotRemembered(t *testing.T) {
 func TestRecentKeysLimits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, tr := tracedPool(t, b.db.URL)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
 	sent := func(p *txhook.Processor, key string) bool {
 		t.Helper()
-		tr.take()
+		tr.Take()
 		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeDuplicate)
-		return len(tr.take()) > 0
+		return len(tr.Take()) > 0
 	}
 	newProc := func(cfg txhook.Config) *txhook.Processor {
 		p, err := txhook.NewProcessor(pool, &cfg)

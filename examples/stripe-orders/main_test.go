@@ -19,12 +19,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/pgtrace"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
 )
@@ -436,61 +436,13 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
-// roundTrips records what a connection sends, one entry per round trip: a
-// statement, or a batch's statements (sqlc query names, or the SQL).
-type roundTrips struct {
-	mu    sync.Mutex
-	trips [][]string
-}
-
-func sqlName(sql string) string {
-	if name, ok := strings.CutPrefix(sql, "-- name: "); ok {
-		return strings.Fields(name)[0]
-	}
-	return strings.ToLower(sql)
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.trips = append(r.trips, []string{sqlName(d.SQL)})
-	return ctx
-}
-
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	var trip []string
-	for _, q := range d.Batch.QueuedQueries {
-		trip = append(trip, sqlName(q.SQL))
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.trips = append(r.trips, trip)
-	return ctx
-}
-
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // TestCheckoutRoundTrips: a new checkout.session.completed costs the example
 // two round trips (BEGIN, the dedupe step and the order insert; then the
 // deferred total update and COMMIT), a guest checkout's no deferred
 // statement, and its effects are all committed.
 func TestCheckoutRoundTrips(t *testing.T) {
 	tdb := testdb.New(t, template)
-	cfg, err := pgxpool.ParseConfig(tdb.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, rt := pgtrace.Pool(t, tdb.URL)
 	h, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -499,17 +451,10 @@ func TestCheckoutRoundTrips(t *testing.T) {
 	defer srv.Close()
 	f := &fixture{db: tdb, q: ordersdb.New(tdb.Pool), url: srv.URL + "/webhooks/stripe"}
 
-	take := func() [][]string {
-		rt.mu.Lock()
-		defer rt.mu.Unlock()
-		out := rt.trips
-		rt.trips = nil
-		return out
-	}
 	code, out := f.deliver(t, checkout(t, "evt_rt_1", "cs_rt_1", "cus_rt", 250))
 	wantAnswer(t, code, out, http.StatusOK, "processed")
 	want := [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"AddCustomerSpend", "commit"}}
-	if got := take(); !slices.EqualFunc(got, want, slices.Equal) {
+	if got := rt.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("checkout: round trips %q, want %q", got, want)
 	}
 	if got := f.total(t, "cus_rt"); got != 250 {
@@ -519,7 +464,7 @@ func TestCheckoutRoundTrips(t *testing.T) {
 	code, out = f.deliver(t, checkout(t, "evt_rt_2", "cs_rt_2", nil, 250))
 	wantAnswer(t, code, out, http.StatusOK, "processed")
 	want = [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"commit"}}
-	if got := take(); !slices.EqualFunc(got, want, slices.Equal) {
+	if got := rt.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("guest checkout: round trips %q, want %q", got, want)
 	}
 	if n := f.count(t, "SELECT count(*) FROM orders WHERE checkout_session_id = 'cs_rt_2'"); n != 1 {
