@@ -54,7 +54,7 @@ func TestDeferredRoundTrips(t *testing.T) {
 			mustProcess(t, p, event("evt_write_defer"), writeThenDefer, txhook.OutcomeProcessed)
 			wantTrips(t, tr, "write, then deferred write", trips(
 				[][]string{{"begin", "InsertEvent"}, {insertEffectSQL}, {insertNoteSQL, "commit"}},
-				[][]string{{"begin", "InsertEvent", insertEffectSQL}, {insertNoteSQL, "commit"}},
+				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {insertNoteSQL, "commit"}},
 			))
 
 			deferTwiceThenRead := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
@@ -71,7 +71,7 @@ func TestDeferredRoundTrips(t *testing.T) {
 			const countSQL = "select count(*) from effects where event_key = $1"
 			wantTrips(t, tr, "two deferred writes, then a read", trips(
 				[][]string{{"begin", "InsertEvent"}, {insertNoteSQL, insertNoteSQL, countSQL}, {"commit"}},
-				[][]string{{"begin", "InsertEvent", insertNoteSQL, insertNoteSQL, countSQL}, {"commit"}},
+				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertNoteSQL, insertNoteSQL, countSQL, "LockTimeoutRestored"}, {"commit"}},
 			))
 
 			onlyDeferred := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
@@ -89,7 +89,7 @@ func TestDeferredRoundTrips(t *testing.T) {
 			mustProcess(t, p, event("evt_write_defer"), writeThenDefer, txhook.OutcomeDuplicate)
 			wantTrips(t, tr, "duplicate", trips(
 				[][]string{{"begin", "InsertEvent"}, {"rollback"}},
-				[][]string{{"begin", "InsertEvent", insertEffectSQL}, {"rollback"}},
+				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"rollback"}},
 			))
 			if n := b.effects(t, "evt_write_defer"); n != 2 {
 				t.Errorf("duplicate: %d effects, want the first delivery's 2", n)
@@ -211,31 +211,51 @@ func TestDeferredSerializationFailureIsRetried(t *testing.T) {
 	}
 }
 
-// TestDeferredOutsideProcess: on a transaction txhook did not begin,
-// Deferred runs statements at once and returns their answers.
+// TestDeferredOutsideProcess: Deferred means the same on every path that
+// gives out a transaction (Exec queues and answers an empty tag, the queued
+// statement is applied before the end), and only a transaction txhook did
+// not begin runs it at once.
 func TestDeferredOutsideProcess(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	err := txhook.RunTx(t.Context(), b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
-		d := txhook.Deferred(tx)
-		tag, err := d.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('now'), ('now')")
+	queued := func(ctx context.Context, tx pgx.Tx, key string) error {
+		tag, err := txhook.Deferred(tx).Exec(ctx, "INSERT INTO effects (event_key) VALUES ($1), ($1)", key)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() != 2 {
-			t.Errorf("rows affected = %d, want 2", tag.RowsAffected())
-		}
-		var n int
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&n); err != nil {
-			return err
-		}
-		if n != 2 {
-			t.Errorf("rows seen in the transaction = %d, want 2", n)
+		if tag.RowsAffected() != 0 {
+			t.Errorf("%s: rows affected = %d, want 0 (queued)", key, tag.RowsAffected())
 		}
 		return nil
-	})
+	}
+	if err := txhook.RunTx(t.Context(), b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		return queued(ctx, tx, "run-tx")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := txhook.RunTx(t.Context(), b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		return txhook.RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+			return queued(ctx, tx, "nested")
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	tag, err := txhook.Deferred(tx).Exec(t.Context(), "INSERT INTO effects (event_key) VALUES ('own'), ('own')")
+	if err != nil || tag.RowsAffected() != 2 {
+		t.Errorf("own transaction: rows affected = %d, %v; want 2 (run at once)", tag.RowsAffected(), err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"run-tx", "nested", "own"} {
+		if n := b.effects(t, key); n != 2 {
+			t.Errorf("%s: %d effects, want 2", key, n)
+		}
 	}
 }
 

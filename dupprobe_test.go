@@ -39,9 +39,9 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 		want txhook.Outcome
 		sent [][]string
 	}{
-		{"duplicate in a storm", ev, txhook.OutcomeDuplicate, [][]string{{"EventSettled"}}},
+		{"duplicate in a storm", ev, txhook.OutcomeDuplicate, [][]string{{"EventStatus"}}},
 		{"new event in a storm", event("evt_new_in_storm"), txhook.OutcomeProcessed, [][]string{
-			{"EventSettled"},
+			{"EventStatus"},
 			{"begin", "InsertEvent"},
 			{"insert into effects (event_key) values ($1)"},
 			{"commit"},
@@ -100,7 +100,7 @@ func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 	go func() {
 		_, err := p.ProcessLease(context.Background(), claimed, txhook.LeaseHandler{
 			Lease: time.Minute,
-			Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 				close(working)
 				<-finish
 				return nil, nil
@@ -190,7 +190,7 @@ func TestWrappedDatabases(t *testing.T) {
 	pool, tr := pgtrace.Pool(t, b.db.URL)
 	lease := txhook.LeaseHandler{
 		Lease: 10 * time.Second,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 		},
 	}
@@ -201,7 +201,7 @@ func TestWrappedDatabases(t *testing.T) {
 		leaseSent [][]string
 	}{
 		{"wrapper with statements", wrappedPool{pool},
-			[][]string{{"EventSettled"}},
+			[][]string{{"EventStatus"}},
 			[][]string{{"ClaimEvent"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
 		{"begin only", beginOnly{pool},
 			[][]string{{"begin"}, {"InsertEvent"}, {"rollback"}},

@@ -3,6 +3,8 @@ package txhook
 import (
 	"errors"
 	"fmt"
+
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // Sentinel errors for rejected events. Every validation failure wraps
@@ -89,3 +91,35 @@ func IsPermanent(err error) bool {
 	var pe *PermanentError
 	return errors.As(err, &pe)
 }
+
+// ErrUnavailable is matched (errors.Is) by an *UnavailableError.
+var ErrUnavailable = errors.New("txhook: database unavailable")
+
+// UnavailableError is returned when the database could not be used: it
+// could not be reached, it does not exist, the pool is closed, or the
+// session ended under the delivery. Nothing of the delivery committed.
+// Callers answering a provider ask it to retry later (an HTTP endpoint
+// answers 503 with Retry-After). A pooled connection that the server had
+// ended before the delivery sent anything is replaced once, at no cost to
+// the caller, before this error is returned.
+type UnavailableError struct {
+	Err error
+}
+
+// Error describes the failure and its cause.
+func (e *UnavailableError) Error() string {
+	return "txhook: database unavailable: " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Is makes every UnavailableError match ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// ErrNotNew is what a handler's statements return under
+// Config.DedupeWithFirstStatement when the dedupe step, sent with the first
+// of them, found the event's key already committed or held by another
+// delivery. The transaction rolls back, and the delivery's outcome is the
+// dedupe step's (duplicate or in flight) whatever the handler returns.
+var ErrNotNew = engine.ErrNotNew

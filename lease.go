@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // DefaultLease is the lease of a LeaseHandler that does not set one.
@@ -44,14 +45,13 @@ func (c Claim) IdempotencyKey(step string) string {
 	return IdempotencyKey(c.Source, c.Key, step)
 }
 
-// CommitFunc is phase two of a lease-mode handler. It makes the event's
-// business writes on tx, the transaction that also marks the event done:
-// both commit or neither does, and neither does if the claim was lost.
-type CommitFunc func(ctx context.Context, tx pgx.Tx) error
-
 // LeaseFunc is phase one of a lease-mode handler: the work outside the
 // database (HTTP calls, email, queues). It returns phase two, or nil when
-// there is nothing to write besides the done mark.
+// there is nothing to write besides the done mark. Phase two makes the
+// event's business writes on tx, the transaction that also marks the event
+// done, conditional on the claim's fencing token: both commit or neither
+// does, and neither does if the claim was lost. Its writes may be deferred
+// (Deferred) like a transactional handler's.
 //
 // ctx is cancelled when the claim is lost or its lease runs out without
 // renewal; context.Cause(ctx) is then ErrLeaseLost. Pass ctx to every
@@ -66,7 +66,7 @@ type CommitFunc func(ctx context.Context, tx pgx.Tx) error
 // An error releases the claim at once and is returned by ProcessLease (the
 // sender's retry claims the event again); an error wrapped with Permanent
 // records the event as failed instead.
-type LeaseFunc func(ctx context.Context, c Claim, ev Event) (CommitFunc, error)
+type LeaseFunc func(ctx context.Context, c Claim, ev Event) (TxFunc, error)
 
 // LeaseHandler is a handler for lease mode (ProcessLease): for events whose
 // effects reach outside the database.
@@ -116,7 +116,7 @@ func (h LeaseHandler) settings() (leaseSettings, error) {
 // outside the database. It claims ev's key for h.Lease and returns the
 // fencing token of the claim; runs h.Work (phase one) while renewing the
 // claim; then, in one transaction, marks the event done, conditional on the
-// token, and runs the returned CommitFunc (phase two).
+// token, and runs the TxFunc it returned (phase two).
 //
 // A nil error comes with one of the outcomes:
 //   - processed: this delivery claimed the event and committed phase two;
@@ -166,7 +166,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	case isLockTimeout(err):
 		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 	case err != nil:
-		return Result{}, fmt.Errorf("claim event: %w", err)
+		return Result{}, directError(fmt.Errorf("claim event: %w", err))
 	case !row.Claimed && row.Status == statusInProgress:
 		return Result{Outcome: OutcomeInFlight, RetryAfter: roundUpSeconds(time.Duration(row.RetryAfterMs) * time.Millisecond)}, nil
 	case !row.Claimed:
@@ -178,7 +178,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		// A panicking handler releases its claim like a failing one, so that
 		// the retry need not wait for the lease to run out.
 		if v := recover(); v != nil {
-			p.leaseFailed(ctx, c, fmt.Errorf("handler panicked: %v", v))
+			p.leaseFailed(ctx, c, ev.Payload, fmt.Errorf("handler panicked: %v", v))
 			panic(v)
 		}
 	}()
@@ -186,7 +186,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	// Phase one, under the lease.
 	k := p.keepLease(ctx, c, s, claimedAt)
 	var lost bool
-	commit, err := func() (CommitFunc, error) {
+	commit, err := func() (TxFunc, error) {
 		defer func() { lost = k.stop() }()
 		return h.Work(k.ctx, c, ev)
 	}()
@@ -194,37 +194,41 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		if lost {
 			err = errors.Join(err, ErrLeaseLost)
 		}
-		return p.leaseFailed(ctx, c, err)
+		return p.leaseFailed(ctx, c, ev.Payload, err)
 	}
 	p.crash.at(CrashLeaseAfterExternal)
 
 	// Phase two: the done mark first, so that a lost claim is found before
 	// the business writes and the row stays locked against takeovers until
-	// COMMIT. The done mark shares a round trip with BEGIN.
-	markDone := func(ctx context.Context, q db.DBTX) error {
-		n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
-			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token),
-		})
-		switch {
-		case err != nil:
-			return fmt.Errorf("mark event done: %w", err)
-		case n == 0:
-			return ErrLeaseLost
-		}
-		return nil
-	}
-	err = runTx(ctx, p.db, p.txOpts, markDone, func(ctx context.Context, tx pgx.Tx) error {
-		if commit == nil {
-			return nil
-		}
-		if err := commit(ctx, tx); err != nil {
-			if IsPermanent(err) {
-				return err
+	// COMMIT. The done mark travels with BEGIN.
+	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
+		First: func(ctx context.Context, q engine.Querier) error {
+			n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token),
+			})
+			switch {
+			case err != nil:
+				return fmt.Errorf("mark event done: %w", err)
+			case n == 0:
+				return ErrLeaseLost
 			}
-			return fmt.Errorf("commit event: %w", err)
-		}
-		return nil
-	}, func() { p.crash.at(CrashLeaseBeforeCommit) })
+			return nil
+		},
+		Body: func(ctx context.Context, tx pgx.Tx) error {
+			if commit == nil {
+				return nil
+			}
+			if err := commit(ctx, tx); err != nil {
+				if IsPermanent(err) {
+					return err
+				}
+				return fmt.Errorf("commit event: %w", err)
+			}
+			return nil
+		},
+		BeforeCommit: func() { p.crash.at(CrashLeaseBeforeCommit) },
+	})
+	err = apiError(err)
 	switch {
 	case err == nil:
 		p.crash.at(CrashLeaseAfterCommit)
@@ -236,7 +240,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		// status anyway, but the connection is likely gone: report as is.
 		return Result{}, err
 	}
-	return p.leaseFailed(ctx, c, err)
+	return p.leaseFailed(ctx, c, ev.Payload, err)
 }
 
 // claim runs the claim statement in its own transaction.
@@ -260,18 +264,19 @@ func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, re
 }
 
 // leaseFailed ends claim c after herr, an error from the handler or from
-// phase two: a permanent error records the event as failed, any other
-// releases the claim at once. Both are fenced by c's token.
-func (p *Processor) leaseFailed(ctx context.Context, c Claim, herr error) (Result, error) {
+// phase two: a permanent error records the event as failed (with payload,
+// for a replay), any other releases the claim at once. Both are fenced by
+// c's token.
+func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, herr error) (Result, error) {
 	text := pgtype.Text{String: errorText(herr), Valid: true}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.txOpts.FinishTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.run.FinishTimeout)
 	defer cancel()
 	if IsPermanent(herr) {
 		var n int64
 		err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 			var err error
 			n, err = q.FailLease(ctx, db.FailLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text,
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text, Payload: payload,
 			})
 			return err
 		})
@@ -307,9 +312,9 @@ func (p *Processor) autocommit(ctx context.Context, fn func(ctx context.Context,
 	if p.direct != nil {
 		return fn(ctx, db.New(p.direct))
 	}
-	return runTx(ctx, p.db, p.txOpts, nil, func(ctx context.Context, tx pgx.Tx) error {
+	return apiError(engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, db.New(tx))
-	}, nil)
+	}}))
 }
 
 // leaseKeeper holds a claim while phase one runs: it gives the work a context

@@ -28,7 +28,7 @@ func ExampleProcessor_ProcessLease() {
 	}
 	h := txhook.LeaseHandler{
 		Lease: 20 * time.Second, // longer than the charge ever takes
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 				"https://api.example.com/v1/charges", strings.NewReader("amount=4200"))
 			if err != nil {

@@ -108,7 +108,7 @@ func leaseEvent(key string) txhook.Event {
 // chargeAndRecord is the usual lease-mode handler: one external call with the
 // event's idempotency key, then one business row written by worker.
 func (b *leaseBundle) chargeAndRecord(worker string) txhook.LeaseFunc {
-	return func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	return func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		if err := b.api.charge(ctx, c.IdempotencyKey("charge")); err != nil {
 			return nil, err
 		}
@@ -116,7 +116,7 @@ func (b *leaseBundle) chargeAndRecord(worker string) txhook.LeaseFunc {
 	}
 }
 
-func recordEffect(key, worker string) txhook.CommitFunc {
+func recordEffect(key, worker string) txhook.TxFunc {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO lease_effects (event_key, worker) VALUES ($1, $2)", key, worker)
 		return err
@@ -172,7 +172,7 @@ type blocked struct {
 func (b *leaseBundle) startBlocked(ctx context.Context, ev txhook.Event, h txhook.LeaseHandler, waitForCtx bool) *blocked {
 	bl := &blocked{started: make(chan txhook.Claim, 1), release: make(chan struct{}), done: make(chan struct{})}
 	next := h.Work
-	h.Work = func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	h.Work = func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		bl.started <- c
 		if waitForCtx {
 			<-ctx.Done()
@@ -234,7 +234,7 @@ func TestLeaseProcessesOnceThenDuplicate(t *testing.T) {
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_once")
 	var tokens []int
-	h := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	h := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		tokens = append(tokens, c.Token)
 		if _, ok := ctx.Deadline(); ok {
 			return nil, errors.New("renewing work context has a fixed deadline")
@@ -269,7 +269,7 @@ func TestLeaseInFlightDuplicate(t *testing.T) {
 	first.claim(t)
 
 	ran := false
-	second := txhook.LeaseHandler{Lease: lease, Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.CommitFunc, error) {
+	second := txhook.LeaseHandler{Lease: lease, Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 		ran = true
 		return nil, nil
 	}}
@@ -369,7 +369,7 @@ func TestLeaseExpiryTakeoverAndStaleWorkerFenced(t *testing.T) {
 	claimStart := time.Now()
 	// The stale worker ignores its context's end (a call already on the
 	// wire, a long GC pause): its work succeeds and it reaches phase two.
-	staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		return b.chargeAndRecord("stale")(context.WithoutCancel(ctx), c, ev)
 	}
 	stale := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: lease, RenewEvery: -1, Work: staleWork}, false)
@@ -378,7 +378,7 @@ func TestLeaseExpiryTakeoverAndStaleWorkerFenced(t *testing.T) {
 	}
 
 	var takeover txhook.Claim
-	h := txhook.LeaseHandler{Lease: 10 * time.Second, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	h := txhook.LeaseHandler{Lease: 10 * time.Second, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		takeover = c
 		return b.chargeAndRecord("new")(ctx, c, ev)
 	}}
@@ -435,7 +435,7 @@ func TestLeaseStaleWorkerCannotEndNewClaim(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
 			ev := leaseEvent("evt_stale_" + tc.name)
-			failing := func(context.Context, txhook.Claim, txhook.Event) (txhook.CommitFunc, error) { return nil, tc.err }
+			failing := func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, tc.err }
 			stale := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: failing}, false)
 			stale.claim(t)
 
@@ -558,7 +558,7 @@ func TestLeaseHandlerErrorReleasesAtOnce(t *testing.T) {
 			ev := leaseEvent("evt_release_" + phase)
 			errUpstream := errors.New("upstream answered 502")
 			const lease = time.Hour // a retry must not wait for it
-			failing := txhook.LeaseHandler{Lease: lease, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			failing := txhook.LeaseHandler{Lease: lease, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 				if err := b.api.charge(ctx, c.IdempotencyKey("charge")); err != nil {
 					return nil, err
 				}
@@ -585,7 +585,7 @@ func TestLeaseHandlerErrorReleasesAtOnce(t *testing.T) {
 			}
 
 			var token int
-			b.mustLease(t, ev, txhook.LeaseHandler{Lease: lease, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			b.mustLease(t, ev, txhook.LeaseHandler{Lease: lease, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 				token = c.Token
 				return b.chargeAndRecord("retry")(ctx, c, ev)
 			}}, txhook.OutcomeProcessed)
@@ -608,7 +608,7 @@ func TestLeasePermanentErrorFailsAndReplays(t *testing.T) {
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_permanent")
 	errUnknown := errors.New("unknown account acct_9")
-	res := b.mustLease(t, ev, txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.CommitFunc, error) {
+	res := b.mustLease(t, ev, txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 		return nil, txhook.Permanent(errUnknown)
 	}}, txhook.OutcomeFailed)
 	if !errors.Is(res.Err, errUnknown) || !txhook.IsPermanent(res.Err) {
@@ -654,7 +654,7 @@ func TestLeasePermanentErrorInCommitRollsBack(t *testing.T) {
 	t.Parallel()
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_permanent_commit")
-	res := b.mustLease(t, ev, txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.CommitFunc, error) {
+	res := b.mustLease(t, ev, txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 		return func(ctx context.Context, tx pgx.Tx) error {
 			if err := recordEffect(ev.Key, "rejected")(ctx, tx); err != nil {
 				return err
@@ -751,7 +751,7 @@ func TestLeaseLateCompletionWithoutTakeover(t *testing.T) {
 	ev := leaseEvent("evt_late")
 	var cause error
 	b.mustLease(t, ev, txhook.LeaseHandler{Lease: 100 * time.Millisecond, RenewEvery: -1,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			deadline, ok := ctx.Deadline()
 			if !ok || time.Until(deadline) > 100*time.Millisecond {
 				return nil, fmt.Errorf("work context deadline %v (set: %v), want within the lease", deadline, ok)
@@ -772,7 +772,7 @@ func TestLeaseWithoutCommitFuncMarksDone(t *testing.T) {
 	t.Parallel()
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_nocommit")
-	b.mustLease(t, ev, txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	b.mustLease(t, ev, txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		return nil, b.api.charge(ctx, c.IdempotencyKey("notify"))
 	}}, txhook.OutcomeProcessed)
 	if r := b.row(t, ev.Key); r.Status != "done" {
@@ -790,7 +790,7 @@ func TestLeasePanicReleasesClaim(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
 			ev := leaseEvent("evt_panic_" + phase)
-			h := txhook.LeaseHandler{Lease: time.Hour, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+			h := txhook.LeaseHandler{Lease: time.Hour, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 				if phase == "work" {
 					panic("boom")
 				}
@@ -830,7 +830,7 @@ func TestLeaseNoTakeoverDuringPhaseTwo(t *testing.T) {
 	var other txhook.Result
 	var otherErr error
 	otherDone := make(chan struct{})
-	h := txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	h := txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		if err := b.api.charge(ctx, c.IdempotencyKey("charge")); err != nil {
 			return nil, err
 		}

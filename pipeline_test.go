@@ -240,7 +240,7 @@ func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 	p, tr := tracedProcessor(t, b, noMemory)
 	h := txhook.LeaseHandler{
 		Lease: 10 * time.Second,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 		},
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // Outcome is what became of a delivered event.
@@ -85,37 +86,44 @@ type Config struct {
 	// MaxKeyLen is the longest accepted event key in bytes. Defaults to
 	// DefaultMaxKeyLen (255).
 	MaxKeyLen int
-	// StorePayload keeps each event's payload in the events table so that
-	// failed events can be replayed. Defaults to false.
+	// StorePayload keeps each event's payload in the events table. The
+	// payload of an event recorded as failed is stored whatever this says,
+	// so that the dead letter can be replayed. Defaults to false.
 	StorePayload bool
 	// Tx configures the transactions (isolation level, retries). Defaults to
 	// the zero TxOptions.
 	Tx *TxOptions
-	// DedupeWithFirstStatement makes Process send BEGIN and the dedupe step
-	// in the same round trip as the handler's first statement, instead of
-	// one round trip before the handler runs: a new event costs one round
-	// trip fewer. The handler then starts before its key is known to be
-	// new. When the key is already committed or held by another delivery,
-	// its first statement runs and is rolled back, that statement and every
-	// later one return ErrNotNew, and the outcome is duplicate or in flight
-	// whatever the handler returns. Use it for handlers that do nothing
-	// but decode, check and write through tx (what a transactional handler
-	// should do): code before their first statement runs for every
-	// delivery. A handler's first QueryRow is sent when its row is scanned,
-	// and a first Query, SendBatch, CopyFrom or Prepare after the dedupe
-	// step. It applies to Process on a *pgxpool.Pool, *pgxpool.Conn or
-	// *pgx.Conn; ProcessTx and lease mode are unchanged.
+	// DedupeWithFirstStatement makes Process and ProcessTx send the dedupe
+	// step in the same round trip as the handler's first statement, instead
+	// of one round trip before the handler runs: a new event costs one
+	// round trip fewer. The handler then starts before its key is known to
+	// be new. When the key is already committed or held by another
+	// delivery, its first statement runs and is rolled back, that statement
+	// and every later one return ErrNotNew, and the outcome is duplicate or
+	// in flight whatever the handler returns. The statements sent with the
+	// dedupe step wait on locks at most LockTimeout, as the dedupe step does
+	// (a duplicate never waits long on a business row the first delivery
+	// holds); when the key is new and one of them hits that bound, the
+	// attempt runs again with the dedupe step first and the handler's own
+	// setting. Use it for handlers that do nothing but decode, check and
+	// write through tx (what a transactional handler should do): code before
+	// their first statement runs for every delivery. A handler's first
+	// QueryRow is sent when its row is scanned, and a first Query,
+	// SendBatch, CopyFrom or Prepare after the dedupe step. Lease mode is
+	// unchanged.
 	DedupeWithFirstStatement bool
-	// RecentKeys is how many event keys a Processor remembers after seeing
-	// them settled (committed as done or failed, by itself or by anyone),
-	// so that Process answers a redelivery of one as a duplicate without a
-	// round trip to the database. A settled key stays settled while its row
-	// exists, and rows are pruned only after the events table's retention,
-	// far past RecentKeysTTL, so the memory answers as the database would;
-	// the exception is a row deleted by hand to have its event processed
-	// again, which a Processor that remembers the key sees only once
-	// RecentKeysTTL has passed. Defaults to DefaultRecentKeys (10,000 keys,
-	// about 2 MB); a negative value turns the memory off.
+	// RecentKeys is how many event keys a Processor remembers after the
+	// database answered them done (processed by this Processor, or read as
+	// done), so that Process answers a redelivery of one as a duplicate
+	// without a round trip. A done key stays done while its row exists, and
+	// rows are pruned only after the events table's retention, far past
+	// RecentKeysTTL, so the memory answers as the database would; the
+	// exception is a row deleted by hand to have its event processed again,
+	// which a Processor that remembers the key sees only once RecentKeysTTL
+	// has passed. Keys recorded as failed are not remembered (an operator
+	// may replay them), and lease mode never asks the memory. Defaults to
+	// DefaultRecentKeys (10,000 keys, about 2 MB); a negative value turns
+	// the memory off.
 	RecentKeys int
 	// RecentKeysTTL is how long a settled key is remembered. Defaults to
 	// DefaultRecentKeysTTL (10 minutes).
@@ -126,43 +134,38 @@ type Config struct {
 // any number of processes may share one database: the unique key in the
 // events table arbitrates between them.
 //
-// On a pool or a connection, Process sends BEGIN and the dedupe step in one
-// round trip (a pgx batch): a new event then costs the handler's statements
-// and two more round trips, that one and COMMIT, and a duplicate two (that
-// one and ROLLBACK). With Config.DedupeWithFirstStatement, that batch also
-// carries the handler's first statement: a new event costs one round trip
-// fewer. The writes a handler sends through Deferred travel with its next
-// statement or with COMMIT. While more than half of the recent deliveries
-// were duplicates, as in a provider's redelivery storm, Process first reads
-// whether the key is already settled, outside any transaction: a duplicate
-// costs one round trip and a new event one more than usual. A key the
-// Processor itself saw settled recently is answered from memory, with no
+// Round trips, on a pool or a connection: BEGIN and the dedupe step travel
+// together; then come the handler's statements; the handler's deferred
+// writes (Deferred) travel with its next statement or with COMMIT. A new
+// event whose handler makes one write costs three round trips, two with
+// Config.DedupeWithFirstStatement; a duplicate two (the dedupe step and
+// ROLLBACK). ProcessTx does the same under a savepoint of the caller's
+// transaction; any other Beginner adds its own BEGIN. While more than half
+// of the recent deliveries were duplicates, as in a provider's redelivery
+// storm, Process first reads the key's status outside any transaction: a
+// duplicate then costs one round trip, and a new event one more than usual.
+// A key the Processor saw done recently is answered from memory, with no
 // round trip (Config.RecentKeys).
 type Processor struct {
 	db           Beginner
+	run          engine.Options
 	lockTimeout  string
 	inFlightWait time.Duration
 	maxKeyLen    int
 	storePayload bool
 	withFirst    bool // Config.DedupeWithFirstStatement
-	txOpts       TxOptions
 	crash        crasher
-	// direct runs statements outside any transaction (the duplicate read,
+	// direct runs statements outside any transaction (the filter's read,
 	// lease mode's claim and release); nil when db only begins
 	// transactions: the read is then off and lease mode's statements run
 	// in transactions of their own.
-	direct db.DBTX
-	dups   dupShare
-	recent *recentKeys // nil when Config.RecentKeys is negative
+	direct engine.Querier
+	filter dupFilter
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
 // *pgxpool.Pool. The database must have txhook's migrations applied (see the
-// migrations package). On a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, BEGIN
-// shares a round trip with the transaction's first statement; any other
-// Beginner (a wrapper) gets a BEGIN of its own, and the duplicate read (see
-// Processor) only when it also runs statements directly (pgx's Exec, Query
-// and QueryRow).
+// migrations package).
 func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if db == nil {
 		return nil, errors.New("txhook: new processor: nil database")
@@ -189,21 +192,18 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.RecentKeysTTL == 0 {
 		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
-	ms := c.LockTimeout.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
+	direct, _ := db.(engine.Querier)
 	return &Processor{
 		db:           db,
-		direct:       direct(db),
-		lockTimeout:  fmt.Sprintf("%dms", ms),
+		run:          c.Tx.engine(),
+		lockTimeout:  fmt.Sprintf("%dms", max(c.LockTimeout.Milliseconds(), 1)),
 		inFlightWait: c.InFlightRetryAfter,
 		maxKeyLen:    c.MaxKeyLen,
 		storePayload: c.StorePayload,
 		withFirst:    c.DedupeWithFirstStatement,
-		txOpts:       c.Tx.withDefaults(),
 		crash:        newCrasherFromEnv(),
-		recent:       newRecentKeys(c.RecentKeys, c.RecentKeysTTL),
+		direct:       direct,
+		filter:       dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 	}, nil
 }
 
@@ -214,110 +214,39 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // committed), duplicate (the key was already committed; h did not run, or
 // under Config.DedupeWithFirstStatement its work was rolled back), in
 // flight (another delivery holds the key; likewise) or failed (h returned a
-// PermanentError, recorded). Any error means nothing was
-// committed, except a *CommitUnknownError, which means the outcome cannot be
-// known; in both cases the event must not be acknowledged, so that the
-// sender retries. Invalid input returns a *ValidationError (ErrInvalidEvent)
-// and writes nothing.
+// PermanentError, recorded). Any error means nothing was committed, except a
+// *CommitUnknownError, which means the outcome cannot be known; in both
+// cases the event must not be acknowledged, so that the sender retries. A
+// database that cannot be used gives an *UnavailableError (ErrUnavailable).
+// Invalid input returns a *ValidationError (ErrInvalidEvent) and writes
+// nothing.
 //
-// ctx bounds the work up to COMMIT; see RunTx.
+// ctx bounds the work up to COMMIT, including h's deferred writes; see
+// RunTx.
 func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	if p.recent.settled(ev) {
-		p.dups.observe(true)
-		return Result{Outcome: OutcomeDuplicate}, nil
+	if res, ok, err := p.filter.answer(ctx, ev); ok {
+		return res, err
 	}
-	if p.direct != nil && p.dups.mostly() {
-		// A redelivery storm: a duplicate costs one read (see dupShare).
-		settled, err := p.settled(ctx, ev)
-		if err != nil {
-			return Result{}, err
-		}
-		if settled {
-			p.dups.observe(true)
-			p.recent.remember(ev)
-			return Result{Outcome: OutcomeDuplicate}, nil
-		}
-	}
-	res, err := p.process(ctx, ev, h)
-	if err == nil && res.Outcome != OutcomeInFlight {
-		p.dups.observe(res.Outcome == OutcomeDuplicate)
-		// Processed, failed or duplicate: the key's row is committed as
-		// done or failed.
-		p.recent.remember(ev)
-	}
+	res, err := p.apply(ctx, engine.Begin(p.db), ev, h)
+	p.filter.learn(ev, res, err)
 	return res, err
-}
-
-// process is Process after validation and the duplicate read.
-func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
-	if s := pipeliner(p.db); s != nil {
-		return p.processPipelined(ctx, s, ev, h)
-	}
-	// A database that only begins transactions (a wrapper): BEGIN, the
-	// dedupe step as the transaction's first statement, and the handler
-	// only for a new key; Deferred statements run at once.
-	var res Result
-	dedupe := func(ctx context.Context, q db.DBTX) error {
-		var err error
-		res, err = p.dedupe(ctx, q, ev)
-		return err
-	}
-	err := runTx(ctx, p.db, p.txOpts, dedupe, func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		res, err = p.handle(ctx, tx, ev, h)
-		return err
-	}, func() { p.crash.at(CrashBeforeCommit) })
-	return p.finish(ctx, ev, res, err)
-}
-
-// finish turns the outcome of an event's transaction into Process's answer.
-func (p *Processor) finish(ctx context.Context, ev Event, res Result, err error) (Result, error) {
-	switch {
-	case err == nil:
-		p.crash.at(CrashAfterCommit)
-		return res, nil
-	case errors.Is(err, errRollback):
-		return res, nil
-	case IsPermanent(err):
-		return p.recordFailed(ctx, ev, err)
-	}
-	return Result{}, err
 }
 
 // ProcessTx is Process inside tx, a transaction the caller owns: the key and
 // h's writes commit when the caller commits tx. It runs under a savepoint, so
 // a duplicate, an in-flight key or an error from h rolls back only its own
-// work and leaves tx usable. It does not retry; the caller must not
-// acknowledge the event before tx commits.
+// work and leaves tx usable. It does not retry, and it does not ask
+// Process's duplicate filter; everything else, deferred writes included, is
+// as in Process. The caller must not acknowledge the event before tx
+// commits.
 func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	var res Result
-	err := RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		res, err = p.apply(ctx, tx, ev, h)
-		return err
-	})
-	switch {
-	case err == nil:
-		return res, nil
-	case errors.Is(err, errRollback):
-		return res, nil
-	case IsPermanent(err):
-		n, ierr := db.New(tx).InsertFailedEvent(ctx, p.failedParams(ev, err))
-		if ierr != nil {
-			return Result{}, fmt.Errorf("record failed event: %w", ierr)
-		}
-		if n == 0 {
-			return Result{Outcome: OutcomeDuplicate}, nil
-		}
-		return Result{Outcome: OutcomeFailed, Err: err}, nil
-	}
-	return Result{}, err
+	return p.apply(ctx, engine.Savepoint(tx), ev, h)
 }
 
 func (p *Processor) check(ev Event, h HandlerFunc) error {
@@ -327,19 +256,44 @@ func (p *Processor) check(ev Event, h HandlerFunc) error {
 	return ev.validate(p.maxKeyLen)
 }
 
-// apply runs the dedupe step and, for a new key, the handler. It returns
-// errRollback (with the result) when there is nothing to commit.
-func (p *Processor) apply(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
-	if res, err := p.dedupe(ctx, tx, ev); err != nil {
-		return res, err
+// apply runs the dedupe step and, for a new key, h, in one transaction at
+// at, and turns what happened into Process's answer.
+func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc) (Result, error) {
+	var notNew Result // the dedupe step's answer for a key that is not new
+	spec := engine.Spec{
+		First: func(ctx context.Context, q engine.Querier) error {
+			var err error
+			notNew, err = p.dedupe(ctx, q, ev)
+			return err
+		},
+		WithBody:    p.withFirst,
+		LockTimeout: p.lockTimeout,
+		Body: func(ctx context.Context, tx pgx.Tx) error {
+			return p.handled(h(ctx, tx, ev))
+		},
 	}
-	return p.handle(ctx, tx, ev, h)
+	if !at.Nested() {
+		spec.BeforeCommit = func() { p.crash.at(CrashBeforeCommit) }
+	}
+	err := engine.Run(ctx, at, p.run, spec)
+	switch {
+	case err == nil:
+		if !at.Nested() {
+			p.crash.at(CrashAfterCommit)
+		}
+		return Result{Outcome: OutcomeProcessed}, nil
+	case errors.Is(err, errRollback):
+		return notNew, nil
+	case IsPermanent(err):
+		return p.recordFailed(ctx, at, ev, err)
+	}
+	return Result{}, apiError(err)
 }
 
-// dedupe records ev's key in the transaction q runs in. A nil error means the
-// key is new and the transaction owns it; a duplicate or in-flight key
-// returns its result with errRollback.
-func (p *Processor) dedupe(ctx context.Context, q db.DBTX, ev Event) (Result, error) {
+// dedupe is the dedupe step: it records ev's key in the transaction q runs
+// in. A nil error means the key is new and the transaction owns it; a
+// duplicate or in-flight key returns its result with errRollback.
+func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (Result, error) {
 	row, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
 		Source:      ev.Source,
 		EventKey:    ev.Key,
@@ -362,34 +316,32 @@ func (p *Processor) dedupe(ctx context.Context, q db.DBTX, ev Event) (Result, er
 	return Result{}, nil
 }
 
-// handle runs h for a key dedupe found new.
-func (p *Processor) handle(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
-	return p.handled(h(ctx, tx, ev))
-}
-
 // handled turns the handler's return for a new key into the attempt's
-// result: a permanent error as it is (it is recorded as failed), any other
-// wrapped (it rolls back), nil as processed.
-func (p *Processor) handled(herr error) (Result, error) {
+// error: a permanent error as it is (it is recorded as failed), any other
+// wrapped (it rolls back), nil as nil (it commits).
+func (p *Processor) handled(herr error) error {
 	if herr != nil {
 		if IsPermanent(herr) {
-			return Result{}, herr
+			return herr
 		}
-		return Result{}, fmt.Errorf("handle event: %w", herr)
+		return fmt.Errorf("handle event: %w", herr)
 	}
 	p.crash.at(CrashAfterHandler)
-	return Result{Outcome: OutcomeProcessed}, nil
+	return nil
 }
 
-func (p *Processor) recordFailed(ctx context.Context, ev Event, perr error) (Result, error) {
+// recordFailed records ev as failed after the handler's permanent error
+// perr, at the same place its transaction ran: a new transaction, or a
+// savepoint of the caller's.
+func (p *Processor) recordFailed(ctx context.Context, at engine.Target, ev Event, perr error) (Result, error) {
 	var n int64
-	err := RunTx(ctx, p.db, &p.txOpts, func(ctx context.Context, tx pgx.Tx) error {
+	err := engine.Run(ctx, at, p.run, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		n, err = db.New(tx).InsertFailedEvent(ctx, p.failedParams(ev, perr))
 		return err
-	})
+	}})
 	if err != nil {
-		return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, perr))
+		return Result{}, apiError(fmt.Errorf("record failed event: %w", errors.Join(err, perr)))
 	}
 	if n == 0 {
 		// Another delivery committed the key in the meantime.
@@ -398,13 +350,15 @@ func (p *Processor) recordFailed(ctx context.Context, ev Event, perr error) (Res
 	return Result{Outcome: OutcomeFailed, Err: perr}, nil
 }
 
+// failedParams are the row of a failed event. Its payload is stored whatever
+// Config.StorePayload says, so that the dead letter can be replayed.
 func (p *Processor) failedParams(ev Event, perr error) db.InsertFailedEventParams {
 	return db.InsertFailedEventParams{
 		Source:      ev.Source,
 		EventKey:    ev.Key,
 		EventType:   ev.Type,
 		LastError:   pgtype.Text{String: errorText(perr), Valid: true},
-		Payload:     p.payload(ev),
+		Payload:     ev.Payload,
 		PayloadHash: ev.PayloadHash,
 	}
 }

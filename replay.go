@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // Errors of Replay. The event's row is left unchanged with each of them.
@@ -54,7 +55,7 @@ type Replayer struct {
 	lookup      HandlerLookup
 	leaseLookup LeaseLookup
 	proc        *Processor
-	txOpts      TxOptions
+	run         engine.Options
 }
 
 // NewReplayer returns a Replayer that replays events in db with the handlers
@@ -74,7 +75,7 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 		return nil, errors.New("txhook: new replayer: LeaseLookup needs Processor")
 	}
 	return &Replayer{db: db, lookup: lookup, leaseLookup: c.LeaseLookup, proc: c.Processor,
-		txOpts: c.Tx.withDefaults()}, nil
+		run: c.Tx.engine()}, nil
 }
 
 // Replay runs the failed event source/key through the handler for its type.
@@ -106,11 +107,27 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 		}
 	}
 	var res Result
-	err := RunTx(ctx, r.db, &r.txOpts, func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		res, err = r.replayTx(ctx, tx, source, key)
-		return err
+	var failed *db.TxhookProcessedEvent // the failed row, locked; nil when the event is not failed
+	err := engine.Run(ctx, engine.Begin(r.db), r.run, engine.Spec{
+		First: func(ctx context.Context, q engine.Querier) error {
+			row, err := db.New(q).LockFailedEvent(ctx, db.LockFailedEventParams{Source: source, EventKey: key})
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				failed = nil
+			case err != nil:
+				return fmt.Errorf("lock failed event: %w", err)
+			default:
+				failed = &row
+			}
+			return nil
+		},
+		Body: func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			res, err = r.replayTx(ctx, tx, failed, source, key)
+			return err
+		},
 	})
+	err = apiError(err)
 	switch {
 	case err == nil:
 		return res, nil
@@ -124,7 +141,7 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 // the event is not one: the transactional path then decides.
 func (r *Replayer) replayLease(ctx context.Context, source, key string) (res Result, ok bool, err error) {
 	var row db.TxhookProcessedEvent
-	err = RunTx(ctx, r.db, &TxOptions{AccessMode: pgx.ReadOnly, FinishTimeout: r.txOpts.FinishTimeout},
+	err = RunTx(ctx, r.db, &TxOptions{AccessMode: pgx.ReadOnly, FinishTimeout: r.run.FinishTimeout},
 		func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			row, err = db.New(tx).GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
@@ -151,12 +168,13 @@ func (r *Replayer) replayLease(ctx context.Context, source, key string) (res Res
 	return res, true, nil
 }
 
-func (r *Replayer) replayTx(ctx context.Context, tx pgx.Tx, source, key string) (Result, error) {
+// replayTx is the body of Replay's transaction: row is the failed event,
+// locked by the transaction's first step, or nil when it is not failed.
+func (r *Replayer) replayTx(ctx context.Context, tx pgx.Tx, row *db.TxhookProcessedEvent, source, key string) (Result, error) {
 	q := db.New(tx)
-	ids := db.LockFailedEventParams{Source: source, EventKey: key}
-	row, err := q.LockFailedEvent(ctx, ids)
-	if errors.Is(err, pgx.ErrNoRows) {
-		cur, err := q.GetEvent(ctx, db.GetEventParams(ids))
+	ids := db.GetEventParams{Source: source, EventKey: key}
+	if row == nil {
+		cur, err := q.GetEvent(ctx, ids)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return Result{}, ErrEventNotFound
@@ -166,9 +184,6 @@ func (r *Replayer) replayTx(ctx context.Context, tx pgx.Tx, source, key string) 
 			return Result{Outcome: OutcomeDuplicate}, errRollback
 		}
 		return Result{}, ErrNotFailed
-	}
-	if err != nil {
-		return Result{}, fmt.Errorf("lock failed event: %w", err)
 	}
 	if row.Payload == nil {
 		return Result{}, ErrNoPayload
@@ -220,12 +235,13 @@ type ReplayReport struct {
 // events cannot be listed or ctx ends; the reports then cover the events
 // replayed so far.
 func (r *Replayer) ReplayFailed(ctx context.Context, f DeadLetterFilter) ([]ReplayReport, error) {
-	tx, err := r.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, fmt.Errorf("replay failed events: begin: %w", err)
-	}
-	events, err := ListDeadLetters(ctx, tx, f)
-	rollback(ctx, tx, r.txOpts.FinishTimeout)
+	var events []EventRecord
+	err := RunTx(ctx, r.db, &TxOptions{AccessMode: pgx.ReadOnly, FinishTimeout: r.run.FinishTimeout},
+		func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			events, err = ListDeadLetters(ctx, tx, f)
+			return err
+		})
 	if err != nil {
 		return nil, fmt.Errorf("replay failed events: %w", err)
 	}

@@ -22,7 +22,7 @@ func TestReplayerReplaysLeaseModeEvents(t *testing.T) {
 
 	var calls []string // idempotency keys of the external calls
 	fail := true
-	lh := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	lh := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		calls = append(calls, c.IdempotencyKey("ship"))
 		if fail {
 			return nil, txhook.Permanent(errors.New("carrier refused the address"))

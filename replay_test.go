@@ -198,6 +198,15 @@ func TestReplayTransientErrorChangesNothing(t *testing.T) {
 func TestReplayWithoutPayloadFails(t *testing.T) {
 	t.Parallel()
 	b := setupReplay(t, false)
+	// A failed event keeps its payload even without StorePayload, so that
+	// the dead letter can be replayed; a row without one (written before
+	// that, or by hand) cannot be.
+	if b.event(t, "evt_failed").Payload == nil {
+		t.Fatal("a failed event's payload was not stored under the default configuration")
+	}
+	if _, err := b.d.Pool.Exec(t.Context(), "UPDATE txhook_processed_events SET payload = NULL WHERE event_key = 'evt_failed'"); err != nil {
+		t.Fatal(err)
+	}
 	calls := 0
 	r := b.replayer(t, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		calls++

@@ -11,25 +11,23 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const eventSettled = `-- name: EventSettled :one
-SELECT EXISTS (
-    SELECT 1 FROM txhook_processed_events
-    WHERE source = $1 AND event_key = $2 AND status <> 'in_progress'
-) AS settled
+const eventStatus = `-- name: EventStatus :one
+SELECT status FROM txhook_processed_events
+WHERE source = $1 AND event_key = $2
 `
 
-type EventSettledParams struct {
+type EventStatusParams struct {
 	Source   string
 	EventKey string
 }
 
-// Whether the key is already done or failed, so that a delivery of it is a duplicate: a plain read
-// outside any transaction, which the Processor sends first while most deliveries are duplicates.
-func (q *Queries) EventSettled(ctx context.Context, arg EventSettledParams) (bool, error) {
-	row := q.db.QueryRow(ctx, eventSettled, arg.Source, arg.EventKey)
-	var settled bool
-	err := row.Scan(&settled)
-	return settled, err
+// The key's status, read outside any transaction by the duplicate filter while most deliveries are
+// duplicates. No row: the key is new (or pruned).
+func (q *Queries) EventStatus(ctx context.Context, arg EventStatusParams) (string, error) {
+	row := q.db.QueryRow(ctx, eventStatus, arg.Source, arg.EventKey)
+	var status string
+	err := row.Scan(&status)
+	return status, err
 }
 
 const getEvent = `-- name: GetEvent :one

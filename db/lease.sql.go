@@ -91,22 +91,25 @@ func (q *Queries) CompleteLease(ctx context.Context, arg CompleteLeaseParams) (i
 const failLease = `-- name: FailLease :execrows
 UPDATE txhook_processed_events
 SET status = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
-    last_error = $1
-WHERE source = $2 AND event_key = $3
-  AND status = 'in_progress' AND attempts = $4
+    last_error = $1, payload = coalesce(payload, $2::bytea)
+WHERE source = $3 AND event_key = $4
+  AND status = 'in_progress' AND attempts = $5
 `
 
 type FailLeaseParams struct {
 	LastError pgtype.Text
+	Payload   []byte
 	Source    string
 	EventKey  string
 	Attempts  int32
 }
 
-// Records the claim held with fencing token attempts as failed for good (a permanent error).
+// Records the claim held with fencing token attempts as failed for good (a permanent error), with
+// the payload when the claim did not store it, so that the dead letter can be replayed.
 func (q *Queries) FailLease(ctx context.Context, arg FailLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, failLease,
 		arg.LastError,
+		arg.Payload,
 		arg.Source,
 		arg.EventKey,
 		arg.Attempts,

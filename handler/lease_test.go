@@ -69,7 +69,7 @@ func leaseEnv(t *testing.T, cfg handler.Config, h txhook.LeaseHandler) (*env, *h
 	t.Helper()
 	api := newChargeAPI(t)
 	work := h.Work
-	h.Work = func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+	h.Work = func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		if err := api.charge(ctx, c.IdempotencyKey("charge")); err != nil {
 			return nil, err
 		}
@@ -80,7 +80,7 @@ func leaseEnv(t *testing.T, cfg handler.Config, h txhook.LeaseHandler) (*env, *h
 	return e, p, api
 }
 
-func recordLater(ev txhook.Event) txhook.CommitFunc {
+func recordLater(ev txhook.Event) txhook.TxFunc {
 	return func(ctx context.Context, tx pgx.Tx) error { return record(ctx, tx, ev) }
 }
 
@@ -134,7 +134,7 @@ func TestLeaseRouteInFlight(t *testing.T) {
 			var runs atomic.Int32
 			e, p, api := leaseEnv(t, handler.Config{InFlightStatus: status}, txhook.LeaseHandler{
 				Lease: lease,
-				Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+				Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 					if runs.Add(1) == 1 {
 						close(started)
 						<-release
@@ -185,7 +185,7 @@ func TestLeaseRouteHandlerError(t *testing.T) {
 	var runs atomic.Int32
 	e, p, api := leaseEnv(t, handler.Config{}, txhook.LeaseHandler{
 		Lease: time.Hour,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			if runs.Add(1) == 1 {
 				return nil, errors.New("downstream answered 502")
 			}
@@ -207,7 +207,7 @@ func TestLeaseRoutePermanent(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
 	e, p, _ := leaseEnv(t, handler.Config{}, txhook.LeaseHandler{
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			runs.Add(1)
 			return nil, txhook.Permanent(errors.New("unknown customer"))
 		},
@@ -237,7 +237,7 @@ func TestLeaseRouteLostClaim(t *testing.T) {
 	e, p, api := leaseEnv(t, handler.Config{}, txhook.LeaseHandler{
 		Lease:      200 * time.Millisecond,
 		RenewEvery: -1,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			if runs.Add(1) == 1 {
 				close(started)
 				<-release // stalls past its lease without noticing

@@ -17,7 +17,7 @@ func TestLeaseHandlerLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	work := func(context.Context, txhook.Claim, txhook.Event) (txhook.CommitFunc, error) { return nil, nil }
+	work := func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, nil }
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   "s",
 		Provider: &handler.Stripe{Secrets: []string{"x"}},

@@ -10,13 +10,11 @@ FROM txhook_insert_event(
     sqlc.arg(lock_timeout)::text
 );
 
--- name: EventSettled :one
--- Whether the key is already done or failed, so that a delivery of it is a duplicate: a plain read
--- outside any transaction, which the Processor sends first while most deliveries are duplicates.
-SELECT EXISTS (
-    SELECT 1 FROM txhook_processed_events
-    WHERE source = @source AND event_key = @event_key AND status <> 'in_progress'
-) AS settled;
+-- name: EventStatus :one
+-- The key's status, read outside any transaction by the duplicate filter while most deliveries are
+-- duplicates. No row: the key is new (or pruned).
+SELECT status FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key;
 
 -- name: InsertFailedEvent :execrows
 -- Records an event whose handler failed permanently, unless the key exists.

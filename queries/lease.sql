@@ -36,9 +36,10 @@ WHERE source = @source AND event_key = @event_key
   AND status = 'in_progress' AND attempts = @attempts;
 
 -- name: FailLease :execrows
--- Records the claim held with fencing token attempts as failed for good (a permanent error).
+-- Records the claim held with fencing token attempts as failed for good (a permanent error), with
+-- the payload when the claim did not store it, so that the dead letter can be replayed.
 UPDATE txhook_processed_events
 SET status = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
-    last_error = @last_error
+    last_error = @last_error, payload = coalesce(payload, sqlc.narg(payload)::bytea)
 WHERE source = @source AND event_key = @event_key
   AND status = 'in_progress' AND attempts = @attempts;

@@ -57,7 +57,7 @@ type fulfillmentRequest struct {
 
 // paymentIntentSucceeded is phase one: the call to the fulfillment service.
 // It returns phase two, the shipment row.
-func (f *fulfillment) paymentIntentSucceeded(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+func (f *fulfillment) paymentIntentSucceeded(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 	pi, err := object[paymentIntent](ev)
 	if err != nil {
 		return nil, err

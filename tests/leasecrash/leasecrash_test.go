@@ -75,7 +75,7 @@ func child() int {
 	api := os.Getenv(apiEnv)
 	res, err := p.ProcessLease(ctx, testEvent, txhook.LeaseHandler{
 		Lease: lease,
-		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.CommitFunc, error) {
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			if err := charge(ctx, api, c.IdempotencyKey("charge")); err != nil {
 				return nil, err
 			}

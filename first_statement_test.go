@@ -58,11 +58,11 @@ func TestDedupeWithFirstStatementRoundTrips(t *testing.T) {
 	}
 	tr.Take()
 	mustProcess(t, p, event("evt_eager_one"), insertEffect, txhook.OutcomeProcessed)
-	wantTrips(t, tr, "new event, one statement", [][]string{{"begin", "InsertEvent", insertEffectSQL}, {"commit"}})
+	wantTrips(t, tr, "new event, one statement", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"commit"}})
 
 	mustProcess(t, p, event("evt_eager_two"), twoWrites, txhook.OutcomeProcessed)
 	wantTrips(t, tr, "new event, QueryRow then Exec", [][]string{
-		{"begin", "InsertEvent", "insert into effects (event_key) values ($1) returning event_key"},
+		{"begin", "LockTimeoutBound", "InsertEvent", "insert into effects (event_key) values ($1) returning event_key", "LockTimeoutRestored"},
 		{"insert into effects (event_key, note) values ($1, 'second')"},
 		{"commit"},
 	})
@@ -75,7 +75,7 @@ func TestDedupeWithFirstStatementRoundTrips(t *testing.T) {
 		return nil // a handler that ignores its errors
 	}
 	mustProcess(t, p, event("evt_eager_two"), recording, txhook.OutcomeDuplicate)
-	wantTrips(t, tr, "duplicate", [][]string{{"begin", "InsertEvent", insertEffectSQL}, {"rollback"}})
+	wantTrips(t, tr, "duplicate", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"rollback"}})
 	for i, err := range seen {
 		if !errors.Is(err, txhook.ErrNotNew) {
 			t.Errorf("duplicate: statement %d returned %v, want ErrNotNew", i+1, err)
@@ -202,8 +202,8 @@ func TestDedupeWithFirstStatementErrors(t *testing.T) {
 }
 
 // TestDedupeWithFirstStatementOtherFirstCalls: a first Query is sent after
-// the dedupe step, and a Beginner that cannot pipeline processes as
-// without the option.
+// the dedupe step, and a Beginner that cannot send BEGIN in a batch still
+// sends the dedupe step with the first statement, after its own BEGIN.
 func TestDedupeWithFirstStatementOtherFirstCalls(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -225,5 +225,7 @@ func TestDedupeWithFirstStatementOtherFirstCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustProcess(t, wrapped, event("evt_eager_wrapped"), insertEffect, txhook.OutcomeProcessed)
-	wantTrips(t, tr2, "a Beginner that cannot pipeline", [][]string{{"begin"}, {"InsertEvent"}, {insertEffectSQL}, {"commit"}})
+	wantTrips(t, tr2, "a Beginner that begins on its own", [][]string{
+		{"begin"}, {"LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"commit"},
+	})
 }

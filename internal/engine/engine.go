@@ -1,0 +1,347 @@
+// Package engine runs txhook's transactions. Every transactional path of the
+// library goes through Run: Process on a pool, a connection or any Beginner,
+// ProcessTx under a savepoint of the caller's transaction, lease mode's phase
+// two, the Replayer, RunTx and RunNestedTx.
+//
+// A run is a transaction (or a savepoint) with an optional first step and a
+// body. The first step is one statement whose answer decides whether the
+// body's work may commit: the dedupe step, lease mode's done mark, the
+// replay's row lock. The body is the application's handler. Two
+// optimisations live here, for every path alike:
+//   - BEGIN (or SAVEPOINT) travels with the first statement, and the first
+//     step with BEGIN or, with Spec.WithBody, with the body's first statement;
+//   - statements the body defers (Deferred) travel with its next statement
+//     or with the end of the transaction.
+//
+// The engine knows nothing of events, keys or results: the caller's first
+// step and body record what they learn, and the caller turns Run's error
+// into its own answer.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
+)
+
+// Beginner starts transactions: a *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn or
+// a wrapper around one.
+type Beginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Querier runs statements: sqlc's DBTX method set.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Target is where a run's transaction lives: a new transaction on a
+// database, or a savepoint in a transaction the caller owns.
+type Target struct {
+	db     Beginner
+	parent pgx.Tx
+}
+
+// Begin targets a new transaction on db.
+func Begin(db Beginner) Target { return Target{db: db} }
+
+// Savepoint targets a savepoint in tx, the caller's transaction. A run there
+// is never retried and never commits tx.
+func Savepoint(tx pgx.Tx) Target { return Target{parent: tx} }
+
+// Nested reports whether t is a savepoint in the caller's transaction.
+func (t Target) Nested() bool { return t.parent != nil }
+
+// Options configures runs. Callers apply their defaults; zero values are
+// used as they are.
+type Options struct {
+	// Tx is the isolation level and access mode of a new transaction.
+	Tx pgx.TxOptions
+	// MaxAttempts bounds how many times a run on a new transaction is tried
+	// (see Run).
+	MaxAttempts int
+	// BaseBackoff and MaxBackoff shape the wait between attempts.
+	BaseBackoff, MaxBackoff time.Duration
+	// FinishTimeout bounds COMMIT and ROLLBACK, which run under a context
+	// the caller's cancellation does not reach.
+	FinishTimeout time.Duration
+}
+
+// Spec is the work of one run.
+type Spec struct {
+	// First is the transaction's first step, or nil. It must send exactly
+	// one statement through q (Exec, or QueryRow then Scan) and may then
+	// return an error to stop the run: the body's work is rolled back and
+	// Run returns that error (ErrRollback for a stop that is not a
+	// failure). It runs once per attempt, before Body's statements.
+	First func(ctx context.Context, q Querier) error
+	// WithBody sends First's statement together with Body's first
+	// statement, in one round trip, instead of with BEGIN before Body runs.
+	// Body then starts before First has answered; when First stops the
+	// run, Body's statements return ErrNotNew, and what Body returns is
+	// ignored. Body's statements sent before First has answered are bounded
+	// by LockTimeout; later ones run with the session's own setting.
+	WithBody bool
+	// LockTimeout is the lock_timeout (PostgreSQL's syntax, "2000ms") of
+	// Body's statements sent with First under WithBody.
+	LockTimeout string
+	// Body is the application's work, run in the transaction. Its error
+	// rolls back the run and is returned by Run.
+	Body func(ctx context.Context, tx pgx.Tx) error
+	// BeforeCommit, if set, runs after Body succeeded, immediately before
+	// COMMIT (or RELEASE SAVEPOINT) is sent.
+	BeforeCommit func()
+}
+
+// Errors of runs and of the transactions they hand out.
+var (
+	// ErrRollback is returned by a first step or a body that wants the
+	// transaction rolled back without a failure; Run returns it as is.
+	ErrRollback = errors.New("txhook: rollback requested")
+	// ErrNotNew is what Body's statements return under Spec.WithBody once
+	// the first step has stopped the run with ErrRollback.
+	ErrNotNew = errors.New("txhook: event key already committed or in flight; the transaction rolls back")
+	// errTxDone is returned by a transaction used after it ended.
+	errTxDone = fmt.Errorf("txhook: the transaction has ended: %w", pgx.ErrTxClosed)
+)
+
+// CommitUnknownError reports a COMMIT whose outcome cannot be known: the
+// connection failed while it was in flight.
+type CommitUnknownError struct{ Err error }
+
+func (e *CommitUnknownError) Error() string { return "commit outcome unknown: " + e.Err.Error() }
+func (e *CommitUnknownError) Unwrap() error { return e.Err }
+
+// UnavailableError reports that the database could not be used: it could
+// not be reached, the pool is closed, or the session ended under the run.
+// Nothing of the run committed.
+type UnavailableError struct{ Err error }
+
+func (e *UnavailableError) Error() string { return "database unavailable: " + e.Err.Error() }
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// DeferredError is the error of a deferred statement (or of the batch that
+// carried it). The run fails whatever its body returned.
+type DeferredError struct{ Err error }
+
+func (e *DeferredError) Error() string { return "deferred statement not applied: " + e.Err.Error() }
+func (e *DeferredError) Unwrap() error { return e.Err }
+
+// beginError marks a failure to begin the transaction: nothing was applied.
+type beginError struct{ err error }
+
+func (e *beginError) Error() string { return "begin transaction: " + e.err.Error() }
+func (e *beginError) Unwrap() error { return e.err }
+
+// Run runs s at t. On a new transaction it commits when s.Body returns nil
+// and retries, with backoff and up to o.MaxAttempts attempts in all, an
+// attempt that failed with a serialization failure or deadlock, or whose
+// BEGIN failed before anything was applied. A savepoint run is tried once
+// and released, never committed.
+//
+// ctx bounds BEGIN, the first step, the body and the body's deferred
+// statements: once ctx has ended, nothing the body deferred is sent and the
+// run fails. COMMIT and ROLLBACK are bounded by o.FinishTimeout instead.
+//
+// The error is nil (committed), ErrRollback or the first step's own error
+// (rolled back, as the first step asked), a *CommitUnknownError, an
+// *UnavailableError, or the failure of the attempt (rolled back).
+func Run(ctx context.Context, t Target, o Options, s Spec) error {
+	attempts := o.MaxAttempts
+	if t.Nested() {
+		attempts = 1
+	}
+	withBody := s.WithBody
+	for attempt := 1; ; attempt++ {
+		tx := newTx(t, o.Tx, s.First, withBody, s.LockTimeout)
+		err := runOnce(ctx, tx, o.FinishTimeout, s)
+		if err == nil {
+			return nil
+		}
+		if tx.boundHit && withBody {
+			// The key is new, but the body's first statement waited on a
+			// lock longer than the first step's bound: run the attempt again
+			// with the first step on its own, under the session's setting.
+			withBody = false
+			attempt--
+			continue
+		}
+		if attempt >= attempts || !retryable(err) {
+			return classify(err, tx)
+		}
+		if werr := sleep(ctx, backoff(o.BaseBackoff, o.MaxBackoff, attempt)); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+}
+
+// runOnce is one attempt of Run.
+func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			tx.abort(ctx, finish)
+			panic(p)
+		}
+	}()
+	if tx.first != nil && !tx.withBody {
+		tx.begin(ctx, nil, 0) // BEGIN and the first step: one round trip
+	}
+	var berr error
+	if tx.err() == nil {
+		berr = s.Body(ctx, tx)
+		if berr != nil {
+			tx.queue = nil // rolled back: nothing deferred needs to run
+		}
+		if tx.first != nil {
+			// Under WithBody, a body that sent nothing: the first step's
+			// answer still decides.
+			tx.begin(ctx, nil, 0)
+		}
+	}
+	switch {
+	case tx.err() != nil:
+		tx.abort(ctx, finish)
+		return tx.cause()
+	case berr != nil:
+		tx.abort(ctx, finish)
+		return berr
+	}
+	if err := ctx.Err(); err != nil && len(tx.queue) > 0 {
+		// The body's deferred statements are part of its work: not sent
+		// once its context has ended.
+		tx.abort(ctx, finish)
+		return &DeferredError{Err: err}
+	}
+	if s.BeforeCommit != nil {
+		s.BeforeCommit()
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finish)
+	defer cancel()
+	if err := tx.commit(ctx, cctx); err != nil {
+		if tx.kind == inSavepoint {
+			return err
+		}
+		return commitError(err)
+	}
+	return nil
+}
+
+// commitError classifies a failed COMMIT: rolled back by the server, or of
+// unknown outcome.
+func commitError(err error) error {
+	var pgErr *pgconn.PgError
+	var rb *rolledBackError
+	var de *DeferredError
+	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.As(err, &rb) || errors.As(err, &de) ||
+		(errors.As(err, &pgErr) && pgErr.Severity == "ERROR") {
+		// The server answered COMMIT with an error (a deferred constraint, a
+		// serialization failure), or a statement sent with it failed: the
+		// transaction rolled back.
+		return fmt.Errorf("commit: %w", err)
+	}
+	// The connection failed, or the server ended the session (FATAL): the
+	// COMMIT may or may not have taken effect.
+	return &CommitUnknownError{Err: err}
+}
+
+// rolledBackError is a commit error after which the transaction is known to
+// have rolled back.
+type rolledBackError struct{ err error }
+
+func (e *rolledBackError) Error() string { return e.err.Error() }
+func (e *rolledBackError) Unwrap() error { return e.err }
+
+// retryable reports whether a failed attempt can safely run again: the
+// server rolled it back for a serialization failure or a deadlock, or BEGIN
+// failed before anything was applied.
+func retryable(err error) bool {
+	if _, ok := errors.AsType[*CommitUnknownError](err); ok {
+		return false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+		return true
+	}
+	if be, ok := errors.AsType[*beginError](err); ok {
+		return pgconn.SafeToRetry(be.err)
+	}
+	return false
+}
+
+// classify marks the final error of a run: an attempt that failed because
+// the database could not be used is an *UnavailableError.
+func classify(err error, tx *Tx) error {
+	if _, ok := errors.AsType[*CommitUnknownError](err); ok {
+		return err
+	}
+	if _, ok := errors.AsType[*UnavailableError](err); ok {
+		return err
+	}
+	if _, ok := errors.AsType[*beginError](err); ok && Unreachable(err) {
+		return &UnavailableError{Err: err}
+	}
+	if tx.connClosed() && Unreachable(err) {
+		return &UnavailableError{Err: err}
+	}
+	return err
+}
+
+// Unreachable reports whether err says the database cannot be used now: a
+// closed pool, a failed connection attempt or a lost connection, a server
+// shutting down or refusing connections, or a database that does not exist
+// (dropped under a running application).
+func Unreachable(err error) bool {
+	if errors.Is(err, puddle.ErrClosedPool) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch {
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
+			return true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
+			pgErr.Code == "53300", // too many connections
+			pgErr.Code == "3D000": // the database does not exist
+			return true
+		}
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+func backoff(base, limit time.Duration, attempt int) time.Duration {
+	d := base << (attempt - 1)
+	if d <= 0 || d > limit {
+		d = limit
+	}
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d) + 1
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
