@@ -407,7 +407,7 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) answer {
 		case errors.Is(err, txhook.ErrInvalidEvent):
 			return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
 		case unavailable(err):
-			return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, err: err}
+			return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, retryAfter: unavailableRetryAfter, err: err}
 		}
 		return answer{outcome: OutcomeError, status: http.StatusInternalServerError, err: err}
 	}
@@ -426,10 +426,14 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) answer {
 		err: fmt.Errorf("apply event: unexpected outcome %v", res.Outcome)}
 }
 
-// unavailable reports whether err means the database could not be reached
-// or the commit's outcome is unknown: the sender should retry later.
+// unavailableRetryAfter is the Retry-After of a 503 answered because the
+// database could not be used.
+const unavailableRetryAfter = 5 * time.Second
+
+// unavailable reports whether err means the database could not be used or
+// the commit's outcome is unknown: the sender should retry later.
 func unavailable(err error) bool {
-	if errors.Is(err, txhook.ErrCommitUnknown) {
+	if errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown) {
 		return true
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {

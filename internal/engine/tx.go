@@ -248,9 +248,6 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 			if br != nil {
 				br.Close()
 			}
-			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok {
-				return refused(pe, first, extra, nDeferred, err)
-			}
 			closed := t.connClosed()
 			if t.pooled != nil {
 				// The transaction never began: its connection goes back
@@ -262,6 +259,9 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 				// The session had ended before the batch: nothing of it
 				// ran. Once more, on another connection.
 				continue
+			}
+			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+				return refused(pe, first, extra, nDeferred, err)
 			}
 			return &beginError{err: err}
 		}
