@@ -49,6 +49,12 @@ type Duplicates struct {
 // Sequential times, then Concurrent times at once, and fails t unless the
 // effects stay at Want throughout. Concurrent deliveries may be refused
 // (in flight); they are retried until acknowledged or ctx's deadline.
+//
+// Build the receiver's Processor with ProcessorConfig, so that every
+// redelivery reaches the database: a Processor otherwise answers the
+// redeliveries of a key it processed from its memory of settled keys, and
+// the check would only show that the memory works, not the events table's
+// unique key, which is what guards deliveries to several processes.
 func CheckDuplicates(t testing.TB, d Duplicates) {
 	t.Helper()
 	if d.Deliver == nil || d.Effects == nil {
@@ -98,6 +104,18 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 		}
 	}
 	check("after concurrent redeliveries")
+}
+
+// ProcessorConfig returns a copy of cfg (nil: the defaults) with the
+// Processor's memory of settled keys turned off (txhook.Config.RecentKeys),
+// for the receiver under CheckDuplicates.
+func ProcessorConfig(cfg *txhook.Config) *txhook.Config {
+	var c txhook.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.RecentKeys = -1
+	return &c
 }
 
 // Crash configures RunCrashTest.

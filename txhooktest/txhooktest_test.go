@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/pgtrace"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/txhooktest"
 )
@@ -55,7 +57,7 @@ func onCheckout(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 }
 
 func endpoint(pool *pgxpool.Pool) (http.Handler, error) {
-	proc, err := txhook.NewProcessor(pool, nil)
+	proc, err := txhook.NewProcessor(pool, txhooktest.ProcessorConfig(nil))
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +146,36 @@ func TestCheckDuplicatesThroughHTTP(t *testing.T) {
 		Effects:    effects(d.Pool),
 		Concurrent: 20,
 	})
+}
+
+// TestCheckDuplicatesReachesTheDatabase: with ProcessorConfig, every
+// delivery the check sends runs the dedupe step in the database.
+func TestCheckDuplicatesReachesTheDatabase(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	pool, tr := pgtrace.Pool(t, d.URL)
+	h, err := endpoint(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tr.Take()
+	txhooktest.CheckDuplicates(t, txhooktest.Duplicates{
+		Deliver:    deliverTo(srv.URL),
+		Effects:    effects(d.Pool),
+		Sequential: 2,
+		Concurrent: 5,
+	})
+	dedupes := 0
+	for _, trip := range tr.Take() {
+		if slices.Contains(trip, "InsertEvent") {
+			dedupes++
+		}
+	}
+	if dedupes < 1+2+5 {
+		t.Errorf("%d deliveries ran the dedupe step, want all %d", dedupes, 1+2+5)
+	}
 }
 
 // The kit must catch a receiver that applies duplicates.
