@@ -178,7 +178,7 @@ INSERT INTO txhook_sweeper_runs AS s
     (source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled,
      redelivered, total_redelivered, last_error)
 VALUES ($1, $2, $3, now(), $4, $5, $6, $7,
-        $8, $8, $9)
+        $8::integer, $8::integer, $9)
 ON CONFLICT (source, hook) DO UPDATE
     SET started_at = excluded.started_at,
         finished_at = excluded.finished_at,
