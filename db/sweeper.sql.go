@@ -14,17 +14,18 @@ import (
 const claimRedelivery = `-- name: ClaimRedelivery :execrows
 INSERT INTO txhook_redeliveries AS r
     (source, guid, hook, event, last_delivery_id, status, first_failed_at, requested_at)
-VALUES ($1, $2, $3, $4, $5, 'requested', $6, now())
+VALUES ($1, $2, $3, $4, $5, 'requesting', $6, now())
 ON CONFLICT (source, guid) DO UPDATE
     SET hook = excluded.hook,
         last_delivery_id = excluded.last_delivery_id,
-        status = 'requested',
+        status = 'requesting',
         requests = r.requests + 1,
         requested_at = now(),
         last_error = NULL
     WHERE r.status = 'failed'
        OR r.last_delivery_id < excluded.last_delivery_id
        OR r.requested_at < now() - $7::interval
+       OR (r.status = 'requesting' AND r.requested_at < now() - $8::interval)
 `
 
 type ClaimRedeliveryParams struct {
@@ -35,12 +36,15 @@ type ClaimRedeliveryParams struct {
 	LastDeliveryID int64
 	FirstFailedAt  pgtype.Timestamptz
 	ResendAfter    pgtype.Interval
+	UnknownAfter   pgtype.Interval
 }
 
-// Records that the guid is about to be redelivered, unless a redelivery of it is already on
-// its way: requested, and neither has GitHub made a newer attempt at it since (a delivery id
-// above last_delivery_id) nor has resend_after passed. One row affected: this caller asks
-// GitHub; none: it does not. Two sweepers racing on one guid serialise on the row.
+// Records that the guid is about to be redelivered (status 'requesting'), unless a redelivery
+// of it is already on its way: requested, and neither has GitHub made a newer attempt at it
+// since (a delivery id above last_delivery_id) nor has resend_after passed; or being requested
+// for less than unknown_after (a request whose sender died has an unknown outcome, and GitHub
+// attempts an accepted redelivery within seconds). One row affected: this caller asks GitHub;
+// none: it does not. Two sweepers racing on one guid serialise on the row.
 func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams) (int64, error) {
 	result, err := q.db.Exec(ctx, claimRedelivery,
 		arg.Source,
@@ -50,6 +54,7 @@ func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams
 		arg.LastDeliveryID,
 		arg.FirstFailedAt,
 		arg.ResendAfter,
+		arg.UnknownAfter,
 	)
 	if err != nil {
 		return 0, err
@@ -170,6 +175,22 @@ type MarkRedeliveryFailedParams struct {
 // Records that GitHub refused the redelivery request: the next run may ask again.
 func (q *Queries) MarkRedeliveryFailed(ctx context.Context, arg MarkRedeliveryFailedParams) error {
 	_, err := q.db.Exec(ctx, markRedeliveryFailed, arg.LastError, arg.Source, arg.Guid)
+	return err
+}
+
+const markRedeliveryRequested = `-- name: MarkRedeliveryRequested :exec
+UPDATE txhook_redeliveries SET status = 'requested'
+WHERE source = $1 AND guid = $2 AND status = 'requesting'
+`
+
+type MarkRedeliveryRequestedParams struct {
+	Source string
+	Guid   string
+}
+
+// Records that GitHub accepted the redelivery request.
+func (q *Queries) MarkRedeliveryRequested(ctx context.Context, arg MarkRedeliveryRequestedParams) error {
+	_, err := q.db.Exec(ctx, markRedeliveryRequested, arg.Source, arg.Guid)
 	return err
 }
 

@@ -40,8 +40,9 @@ type Redelivery struct {
 	Event  string `json:"event"`
 	// DeliveryID is the newest delivery of the guid when it was requested.
 	DeliveryID int64 `json:"delivery_id"`
-	// Status is "requested", or "failed" when GitHub refused the request
-	// (LastError says why).
+	// Status is "requested" once GitHub accepted the request, "failed" when
+	// GitHub refused it (LastError says why), or "requesting" while it is
+	// being sent (or when its sender died meanwhile).
 	Status        string    `json:"status"`
 	Requests      int       `json:"requests"`
 	FirstFailedAt time.Time `json:"first_failed_at"`

@@ -127,6 +127,10 @@ type Result struct {
 	Refused int `json:"refused"`
 }
 
+// unknownAfter is how long a redelivery request whose outcome is unknown
+// (its sweeper died while sending it) holds its guid back.
+const unknownAfter = time.Minute
+
 // guidState gathers the listed deliveries of one guid.
 type guidState struct {
 	guid        string
@@ -301,6 +305,7 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 			LastDeliveryID: g.newest,
 			FirstFailedAt:  pgtype.Timestamptz{Time: g.firstFailed, Valid: true},
 			ResendAfter:    pgtype.Interval{Microseconds: s.cfg.ResendAfter.Microseconds(), Valid: true},
+			UnknownAfter:   pgtype.Interval{Microseconds: min(s.cfg.ResendAfter, unknownAfter).Microseconds(), Valid: true},
 		})
 		if err != nil {
 			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
@@ -329,6 +334,9 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 				refused = append(refused, fmt.Errorf("redeliver %s: %w", g.guid, err))
 			}
 			continue
+		}
+		if err := q.MarkRedeliveryRequested(ctx, db.MarkRedeliveryRequestedParams{Source: s.cfg.Source, Guid: g.guid}); err != nil {
+			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
 		}
 		res.Redelivered = append(res.Redelivered, g.guid)
 		s.log.Info("redelivery requested", "guid", g.guid, "event", g.event, "delivery_id", g.newest, "failed_at", g.firstFailed)

@@ -458,3 +458,28 @@ func TestNextLinkOnAnotherHost(t *testing.T) {
 		t.Fatalf("%d redeliveries after a bad listing, want none", n)
 	}
 }
+
+// TestSweeperDiedMidRequest: a redelivery left "requesting" by a sweeper
+// that died while sending it holds its guid back for a minute only (GitHub
+// attempts an accepted redelivery within seconds), not for ResendAfter.
+func TestSweeperDiedMidRequest(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegithub.Config{})
+	d := f.failed("orphan", time.Hour)
+	f.failed("fresh-orphan", time.Hour)
+	_, err := f.pool.Exec(t.Context(), `
+		INSERT INTO txhook_redeliveries (source, guid, hook, last_delivery_id, status, first_failed_at, requested_at)
+		VALUES ('github', 'orphan', 'repos/octo-org/octo-repo/hooks/7', $1, 'requesting', now() - interval '1 hour', now() - interval '2 minutes'),
+		       ('github', 'fresh-orphan', 'repos/octo-org/octo-repo/hooks/7', $1 + 1, 'requesting', now() - interval '1 hour', now() - interval '10 seconds')`, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, f.sweeper(t, nil))
+	if !slices.Equal(res.Redelivered, []string{"orphan"}) || res.Waiting != 1 {
+		t.Fatalf("result %+v, want orphan redelivered and fresh-orphan waiting", res)
+	}
+	var status string
+	if err := f.pool.QueryRow(t.Context(), `SELECT status FROM txhook_redeliveries WHERE guid = 'orphan'`).Scan(&status); err != nil || status != "requested" {
+		t.Fatalf("orphan's status = %q (%v), want requested once GitHub accepted", status, err)
+	}
+}

@@ -4,7 +4,9 @@
 -- source name, the same as in txhook_processed_events). A row keeps the guid from being asked
 -- again until GitHub has made a newer attempt at it (a delivery id above last_delivery_id) or,
 -- when no newer attempt shows up, until the sweeper's resend interval has passed since
--- requested_at. status 'failed' means GitHub refused the request; the next run may ask again.
+-- requested_at. status: 'requesting' while the request is being sent (left so by a sweeper
+-- that died meanwhile, with an unknown outcome: asked again after a short grace), 'requested'
+-- once GitHub accepted it, 'failed' when GitHub refused it (the next run may ask again).
 CREATE TABLE txhook_redeliveries (
     source           text        NOT NULL,
     guid             text        NOT NULL,
@@ -19,7 +21,7 @@ CREATE TABLE txhook_redeliveries (
     requested_at     timestamptz NOT NULL DEFAULT now(),
     last_error       text,
     PRIMARY KEY (source, guid),
-    CONSTRAINT txhook_redeliveries_status_check CHECK (status IN ('requested', 'failed'))
+    CONSTRAINT txhook_redeliveries_status_check CHECK (status IN ('requesting', 'requested', 'failed'))
 );
 
 -- Newest first, for listing what the sweeper redelivered, and for pruning.

@@ -14,23 +14,31 @@ SELECT event_key FROM txhook_processed_events
 WHERE source = @source AND event_key = ANY(@keys::text[]) AND status <> 'in_progress';
 
 -- name: ClaimRedelivery :execrows
--- Records that the guid is about to be redelivered, unless a redelivery of it is already on
--- its way: requested, and neither has GitHub made a newer attempt at it since (a delivery id
--- above last_delivery_id) nor has resend_after passed. One row affected: this caller asks
--- GitHub; none: it does not. Two sweepers racing on one guid serialise on the row.
+-- Records that the guid is about to be redelivered (status 'requesting'), unless a redelivery
+-- of it is already on its way: requested, and neither has GitHub made a newer attempt at it
+-- since (a delivery id above last_delivery_id) nor has resend_after passed; or being requested
+-- for less than unknown_after (a request whose sender died has an unknown outcome, and GitHub
+-- attempts an accepted redelivery within seconds). One row affected: this caller asks GitHub;
+-- none: it does not. Two sweepers racing on one guid serialise on the row.
 INSERT INTO txhook_redeliveries AS r
     (source, guid, hook, event, last_delivery_id, status, first_failed_at, requested_at)
-VALUES (@source, @guid, @hook, @event, @last_delivery_id, 'requested', @first_failed_at, now())
+VALUES (@source, @guid, @hook, @event, @last_delivery_id, 'requesting', @first_failed_at, now())
 ON CONFLICT (source, guid) DO UPDATE
     SET hook = excluded.hook,
         last_delivery_id = excluded.last_delivery_id,
-        status = 'requested',
+        status = 'requesting',
         requests = r.requests + 1,
         requested_at = now(),
         last_error = NULL
     WHERE r.status = 'failed'
        OR r.last_delivery_id < excluded.last_delivery_id
-       OR r.requested_at < now() - @resend_after::interval;
+       OR r.requested_at < now() - @resend_after::interval
+       OR (r.status = 'requesting' AND r.requested_at < now() - @unknown_after::interval);
+
+-- name: MarkRedeliveryRequested :exec
+-- Records that GitHub accepted the redelivery request.
+UPDATE txhook_redeliveries SET status = 'requested'
+WHERE source = @source AND guid = @guid AND status = 'requesting';
 
 -- name: MarkRedeliveryFailed :exec
 -- Records that GitHub refused the redelivery request: the next run may ask again.
@@ -43,7 +51,7 @@ INSERT INTO txhook_sweeper_runs AS s
     (source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled,
      redelivered, total_redelivered, last_error)
 VALUES (@source, @hook, @started_at, now(), @cursor_delivery_id, @deliveries, @failed, @settled,
-        @redelivered, @redelivered, sqlc.narg(last_error))
+        @redelivered::integer, @redelivered::integer, sqlc.narg(last_error))
 ON CONFLICT (source, hook) DO UPDATE
     SET started_at = excluded.started_at,
         finished_at = excluded.finished_at,
