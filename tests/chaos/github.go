@@ -255,14 +255,14 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 	sweepKills := cfg.SweepKills
 	for {
 		c, err := settled()
+		if ctx.Err() != nil {
+			logf("timed out with %d/%d pushes settled", c, len(pushes))
+			break
+		}
 		if err != nil {
 			return res, fmt.Errorf("count settled pushes: %w", err)
 		}
 		if c == len(pushes) {
-			break
-		}
-		if ctx.Err() != nil {
-			logf("timed out with %d/%d pushes settled", c, len(pushes))
 			break
 		}
 		if sweepKills > 0 && rng.IntN(4) == 0 {
@@ -273,7 +273,9 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		time.Sleep(cfg.Interval / 2)
 	}
 	// One more sweep must find nothing to redeliver; then stop.
-	time.Sleep(2 * cfg.Interval)
+	if ctx.Err() == nil {
+		time.Sleep(2 * cfg.Interval)
+	}
 	gh.Wait()
 	stopSup()
 	if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -286,7 +288,12 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 
 	vctx, vcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer vcancel()
-	if err := verifyGitHub(vctx, conn, pushes, &res); err != nil {
+	vconn, err := pgx.Connect(vctx, cfg.DatabaseURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to check the database: %w", err)
+	}
+	defer vconn.Close(context.WithoutCancel(vctx))
+	if err := verifyGitHub(vctx, vconn, pushes, &res); err != nil {
 		return res, err
 	}
 	if res.OtherExits > 0 {
