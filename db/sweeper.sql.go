@@ -239,30 +239,38 @@ func (q *Queries) SaveSweeperRun(ctx context.Context, arg SaveSweeperRunParams) 
 	return err
 }
 
-const settledKeys = `-- name: SettledKeys :many
-SELECT event_key FROM txhook_processed_events
-WHERE source = $1 AND event_key = ANY($2::text[]) AND status <> 'in_progress'
+const settledOrInFlightKeys = `-- name: SettledOrInFlightKeys :many
+SELECT event_key, (status <> 'in_progress')::boolean AS settled
+FROM txhook_processed_events
+WHERE source = $1 AND event_key = ANY($2::text[])
+  AND (status <> 'in_progress' OR lease_expires_at > now())
 `
 
-type SettledKeysParams struct {
+type SettledOrInFlightKeysParams struct {
 	Source string
 	Keys   []string
 }
 
-// The keys among keys that are settled (done or failed) for source.
-func (q *Queries) SettledKeys(ctx context.Context, arg SettledKeysParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, settledKeys, arg.Source, arg.Keys)
+type SettledOrInFlightKeysRow struct {
+	EventKey string
+	Settled  bool
+}
+
+// The keys among keys that are settled (done or failed) for source, or in flight: held by a
+// lease-mode claim whose lease has not ended (a redelivery would only be answered 409).
+func (q *Queries) SettledOrInFlightKeys(ctx context.Context, arg SettledOrInFlightKeysParams) ([]SettledOrInFlightKeysRow, error) {
+	rows, err := q.db.Query(ctx, settledOrInFlightKeys, arg.Source, arg.Keys)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []string{}
+	items := []SettledOrInFlightKeysRow{}
 	for rows.Next() {
-		var event_key string
-		if err := rows.Scan(&event_key); err != nil {
+		var i SettledOrInFlightKeysRow
+		if err := rows.Scan(&i.EventKey, &i.Settled); err != nil {
 			return nil, err
 		}
-		items = append(items, event_key)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -22,8 +21,8 @@ import (
 
 // Sweeper lists a webhook's recent deliveries and asks GitHub to redeliver
 // those that failed and whose guid is not settled in the events table.
-// A Sweeper is safe for concurrent use; its runs on one hook, in this
-// process or any other, take turns through a PostgreSQL advisory lock.
+// A Sweeper is safe for concurrent use; runs on one hook, in this process
+// or any other, take turns through a PostgreSQL advisory lock.
 type Sweeper struct {
 	pool   *pgxpool.Pool
 	cfg    Config
@@ -31,8 +30,6 @@ type Sweeper struct {
 	list   *url.URL
 	log    *slog.Logger
 	appKey *rsa.PrivateKey
-
-	mu sync.Mutex // serialises runs in this process (the client is not shared)
 }
 
 // New returns a Sweeper for cfg that reads and records its state through
@@ -118,6 +115,9 @@ type Result struct {
 	// Settled counts those of them settled in the events table: never
 	// redelivered.
 	Settled int `json:"settled"`
+	// InFlight counts those held by a lease-mode claim whose lease runs:
+	// being processed, so not redelivered now.
+	InFlight int `json:"in_flight"`
 	// Waiting counts those whose redelivery was requested earlier and is
 	// not yet attempted by GitHub (within ResendAfter).
 	Waiting int `json:"waiting"`
@@ -142,9 +142,9 @@ type guidState struct {
 
 // Run sweeps the hook once: it lists the deliveries of the last Window,
 // keeps the guids none of whose attempts GitHub saw answered 2xx, drops those
-// settled in the events table (Source, key = guid) and those whose
-// redelivery is already on its way, and asks GitHub to redeliver each of
-// the rest, once. ctx bounds the whole run, waits on rate limits included.
+// settled in the events table (Source, key = guid), those in flight (held by
+// a lease-mode claim whose lease runs) and those whose redelivery is
+// already on its way, and asks GitHub to redeliver each of the rest, once. ctx bounds the whole run, waits on rate limits included.
 //
 // Runs on one hook take turns: while another run (in any process) holds the
 // hook's advisory lock, Run returns at once with Result.Busy set. Each
@@ -158,8 +158,6 @@ type guidState struct {
 // credential, a rate limit wait past MaxRateLimitWait or a database error
 // stops the run.
 func (s *Sweeper) Run(ctx context.Context) (Result, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	started := time.Now()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -225,7 +223,7 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 
 // sweep does a locked run's work and returns the newest delivery id listed.
 func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Result, int64, error) {
-	var res Result
+	res := Result{Redelivered: []string{}}
 	c := s.client()
 	cutoff := time.Now().Add(-s.cfg.Window)
 	guids := map[string]*guidState{}
@@ -276,25 +274,29 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 		return cmp.Or(a.firstFailed.Compare(b.firstFailed), cmp.Compare(a.guid, b.guid))
 	})
 	res.Failed = len(failed)
-	settled := map[string]bool{}
+	skip := map[string]bool{} // settled or in flight
 	for chunk := range slices.Chunk(failed, 500) {
 		keys := make([]string, len(chunk))
 		for i, g := range chunk {
 			keys[i] = g.guid
 		}
-		got, err := q.SettledKeys(ctx, db.SettledKeysParams{Source: s.cfg.Source, Keys: keys})
+		rows, err := q.SettledOrInFlightKeys(ctx, db.SettledOrInFlightKeysParams{Source: s.cfg.Source, Keys: keys})
 		if err != nil {
 			return res, newest, fmt.Errorf("ghsweep: read settled keys: %w", err)
 		}
-		for _, k := range got {
-			settled[k] = true
+		for _, r := range rows {
+			skip[r.EventKey] = true
+			if r.Settled {
+				res.Settled++
+			} else {
+				res.InFlight++
+			}
 		}
 	}
-	res.Settled = len(settled)
 
 	var refused []error
 	for _, g := range failed {
-		if settled[g.guid] {
+		if skip[g.guid] {
 			continue
 		}
 		n, err := q.ClaimRedelivery(ctx, db.ClaimRedeliveryParams{

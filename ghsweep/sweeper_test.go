@@ -114,8 +114,9 @@ func run(t *testing.T, s *ghsweep.Sweeper) ghsweep.Result {
 func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
 
 // TestSettledSkippedUnknownRedeliveredOnce: of the failed guids, those done
-// or failed in the events table are never redelivered; unknown ones, and one
-// held by an expired lease, are redelivered once; a guid that a later
+// or failed in the events table are never redelivered, nor one held by a
+// live lease; unknown ones, and one held by an expired lease, are
+// redelivered once; a guid that a later
 // attempt delivered is left alone. A second run requests nothing; a newer
 // failed attempt at a guid makes it eligible again.
 func TestSettledSkippedUnknownRedeliveredOnce(t *testing.T) {
@@ -132,6 +133,11 @@ func TestSettledSkippedUnknownRedeliveredOnce(t *testing.T) {
 	f.settle(t, "settled-done", "done")
 	f.settle(t, "settled-failed", "failed")
 	f.settle(t, "lease-expired", "in_progress")
+	f.failed("lease-live", time.Hour)
+	if _, err := f.pool.Exec(t.Context(), `INSERT INTO txhook_processed_events (source, event_key, status, lease_expires_at)
+		VALUES ('github', 'lease-live', 'in_progress', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
 	s := f.sweeper(t, nil)
 
 	res := run(t, s)
@@ -139,8 +145,8 @@ func TestSettledSkippedUnknownRedeliveredOnce(t *testing.T) {
 	if got := sorted(f.gh.Redeliveries()); !slices.Equal(got, want) {
 		t.Fatalf("redelivered %q, want %q", got, want)
 	}
-	if res.Deliveries != 8 || res.Failed != 4 || res.Settled != 2 || len(res.Redelivered) != 2 || res.Waiting != 0 {
-		t.Fatalf("result %+v, want 8 deliveries, 4 failed guids, 2 settled, 2 redelivered", res)
+	if res.Deliveries != 9 || res.Failed != 5 || res.Settled != 2 || res.InFlight != 1 || len(res.Redelivered) != 2 || res.Waiting != 0 {
+		t.Fatalf("result %+v, want 9 deliveries, 5 failed guids, 2 settled, 1 in flight, 2 redelivered", res)
 	}
 
 	// Again, from another sweeper: GitHub has made no newer attempt, so

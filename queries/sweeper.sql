@@ -8,10 +8,13 @@ SELECT pg_try_advisory_lock(hashtext('txhook_ghsweep'), hashtext(@name::text)) A
 -- name: SweeperUnlock :one
 SELECT pg_advisory_unlock(hashtext('txhook_ghsweep'), hashtext(@name::text)) AS unlocked;
 
--- name: SettledKeys :many
--- The keys among keys that are settled (done or failed) for source.
-SELECT event_key FROM txhook_processed_events
-WHERE source = @source AND event_key = ANY(@keys::text[]) AND status <> 'in_progress';
+-- name: SettledOrInFlightKeys :many
+-- The keys among keys that are settled (done or failed) for source, or in flight: held by a
+-- lease-mode claim whose lease has not ended (a redelivery would only be answered 409).
+SELECT event_key, (status <> 'in_progress')::boolean AS settled
+FROM txhook_processed_events
+WHERE source = @source AND event_key = ANY(@keys::text[])
+  AND (status <> 'in_progress' OR lease_expires_at > now());
 
 -- name: ClaimRedelivery :execrows
 -- Records that the guid is about to be redelivered (status 'requesting'), unless a redelivery

@@ -144,8 +144,8 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "%s: another sweeper is running on this hook; nothing done\n", cfg.Hook)
 		return runErr
 	}
-	fmt.Fprintf(c.stdout, "%s: listed %d deliveries (%d new); %d failed: %d settled, %d waiting for an earlier redelivery, %d redelivered, %d refused\n",
-		cfg.Hook, res.Deliveries, res.New, res.Failed, res.Settled, res.Waiting, len(res.Redelivered), res.Refused)
+	fmt.Fprintf(c.stdout, "%s: listed %d deliveries (%d new); %d failed: %d settled, %d in flight, %d waiting for an earlier redelivery, %d redelivered, %d refused\n",
+		cfg.Hook, res.Deliveries, res.New, res.Failed, res.Settled, res.InFlight, res.Waiting, len(res.Redelivered), res.Refused)
 	for _, g := range res.Redelivered {
 		fmt.Fprintf(c.stdout, "redelivered %s\n", cell(g, 0))
 	}

@@ -55,7 +55,7 @@ func TestGitHubRedeliver(t *testing.T) {
 	t.Setenv("GITHUB_REPOSITORY", "octo/hello")
 	t.Setenv("GITHUB_HOOK_ID", "42")
 	out := mustRun(t, d.URL, "github", "redeliver")
-	if !strings.Contains(out, "listed 3 deliveries (3 new); 2 failed: 1 settled, 0 waiting for an earlier redelivery, 1 redelivered") ||
+	if !strings.Contains(out, "listed 3 deliveries (3 new); 2 failed: 1 settled, 0 in flight, 0 waiting for an earlier redelivery, 1 redelivered") ||
 		!strings.Contains(out, "redelivered g-lost\n") {
 		t.Errorf("github redeliver printed %q", out)
 	}
