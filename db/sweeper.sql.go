@@ -22,10 +22,11 @@ ON CONFLICT (source, guid) DO UPDATE
         requests = r.requests + 1,
         requested_at = now(),
         last_error = NULL
-    WHERE r.status = 'failed'
-       OR r.last_delivery_id < excluded.last_delivery_id
-       OR r.requested_at < now() - $7::interval
-       OR (r.status = 'requesting' AND r.requested_at < now() - $8::interval)
+    WHERE ((r.status = 'failed' OR r.last_delivery_id < excluded.last_delivery_id)
+           AND r.requested_at < now() - least($7::interval * power(2, least(r.requests - 1, 20)),
+                                             interval '6 hours'))
+       OR r.requested_at < now() - $8::interval
+       OR (r.status = 'requesting' AND r.requested_at < now() - $9::interval)
 `
 
 type ClaimRedeliveryParams struct {
@@ -35,6 +36,7 @@ type ClaimRedeliveryParams struct {
 	Event          string
 	LastDeliveryID int64
 	FirstFailedAt  pgtype.Timestamptz
+	Backoff        pgtype.Interval
 	ResendAfter    pgtype.Interval
 	UnknownAfter   pgtype.Interval
 }
@@ -43,8 +45,11 @@ type ClaimRedeliveryParams struct {
 // of it is already on its way: requested, and neither has GitHub made a newer attempt at it
 // since (a delivery id above last_delivery_id) nor has resend_after passed; or being requested
 // for less than unknown_after (a request whose sender died has an unknown outcome, and GitHub
-// attempts an accepted redelivery within seconds). One row affected: this caller asks GitHub;
-// none: it does not. Two sweepers racing on one guid serialise on the row.
+// attempts an accepted redelivery within seconds). A guid asked for before waits, after its
+// k-th request, backoff * 2^(k-1) (at most 6 hours) before a newer failed attempt or a refusal
+// makes it eligible: a delivery the receiver keeps refusing is not asked for on every run.
+// One row affected: this caller asks GitHub; none: it does not. Two sweepers racing on one
+// guid serialise on the row.
 func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams) (int64, error) {
 	result, err := q.db.Exec(ctx, claimRedelivery,
 		arg.Source,
@@ -53,6 +58,7 @@ func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams
 		arg.Event,
 		arg.LastDeliveryID,
 		arg.FirstFailedAt,
+		arg.Backoff,
 		arg.ResendAfter,
 		arg.UnknownAfter,
 	)

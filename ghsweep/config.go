@@ -108,6 +108,13 @@ type Config struct {
 	// alone while GitHub shows no newer attempt at it. A newer attempt
 	// that failed makes it eligible at once. Defaults to 15 minutes.
 	ResendAfter time.Duration
+	// Backoff spaces the requests for a guid that keeps failing: after the
+	// k-th request, a newer failed attempt (or GitHub refusing the
+	// request) makes the guid eligible again once Backoff * 2^(k-1) has
+	// passed, at most 6 hours. A delivery the receiver keeps refusing (a
+	// wrong secret, a body it rejects) is thus asked for about a dozen
+	// times over GitHub's 3 days, not on every run. Defaults to one minute.
+	Backoff time.Duration
 	// PerPage is the page size of the deliveries listing (GitHub's maximum
 	// is 100). Defaults to 100.
 	PerPage int
@@ -128,6 +135,7 @@ const (
 	defaultAPIURL      = "https://api.github.com"
 	defaultWindow      = 72 * time.Hour
 	defaultResendAfter = 15 * time.Minute
+	defaultBackoff     = time.Minute
 	defaultPerPage     = 100
 	defaultMaxWait     = time.Minute
 	defaultPostPause   = time.Second

@@ -77,6 +77,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if c.ResendAfter <= 0 {
 		c.ResendAfter = defaultResendAfter
 	}
+	if c.Backoff <= 0 {
+		c.Backoff = defaultBackoff
+	}
 	if c.PerPage <= 0 || c.PerPage > 100 {
 		c.PerPage = defaultPerPage
 	}
@@ -119,7 +122,8 @@ type Result struct {
 	// being processed, so not redelivered now.
 	InFlight int `json:"in_flight"`
 	// Waiting counts those whose redelivery was requested earlier and is
-	// not yet attempted by GitHub (within ResendAfter).
+	// not yet attempted by GitHub (within ResendAfter), or whose earlier
+	// redeliveries failed too and which wait out their Backoff.
 	Waiting int `json:"waiting"`
 	// Redelivered lists the guids this run asked GitHub to redeliver.
 	Redelivered []string `json:"redelivered"`
@@ -308,6 +312,7 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 			FirstFailedAt:  pgtype.Timestamptz{Time: g.firstFailed, Valid: true},
 			ResendAfter:    pgtype.Interval{Microseconds: s.cfg.ResendAfter.Microseconds(), Valid: true},
 			UnknownAfter:   pgtype.Interval{Microseconds: min(s.cfg.ResendAfter, unknownAfter).Microseconds(), Valid: true},
+			Backoff:        pgtype.Interval{Microseconds: s.cfg.Backoff.Microseconds(), Valid: true},
 		})
 		if err != nil {
 			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)

@@ -71,6 +71,7 @@ func (f *fixture) sweeper(t *testing.T, edit func(*ghsweep.Config)) *ghsweep.Swe
 		Token:     testToken,
 		APIURL:    f.api.URL,
 		PostPause: -1,
+		Backoff:   time.Millisecond,
 		Logger:    slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if edit != nil {
@@ -487,5 +488,42 @@ func TestSweeperDiedMidRequest(t *testing.T) {
 	var status string
 	if err := f.pool.QueryRow(t.Context(), `SELECT status FROM txhook_redeliveries WHERE guid = 'orphan'`).Scan(&status); err != nil || status != "requested" {
 		t.Fatalf("orphan's status = %q (%v), want requested once GitHub accepted", status, err)
+	}
+}
+
+// TestBackoff: a guid whose redeliveries keep failing is asked for again
+// only after Backoff, doubled with every request.
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegithub.Config{})
+	f.failed("poison", 2*time.Hour)
+	s := f.sweeper(t, func(c *ghsweep.Config) { c.Backoff = time.Hour; c.ResendAfter = 24 * time.Hour })
+	age := func(d time.Duration) {
+		t.Helper()
+		if _, err := f.pool.Exec(t.Context(), `UPDATE txhook_redeliveries SET requested_at = now() - $1::interval WHERE guid = 'poison'`,
+			fmt.Sprintf("%d seconds", int(d.Seconds()))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, s) // request 1
+	f.failed("poison", 0)
+	if res := run(t, s); len(res.Redelivered) != 0 || res.Waiting != 1 {
+		t.Fatalf("right after a failed redelivery: %+v, want poison waiting out its backoff", res)
+	}
+	age(61 * time.Minute)
+	if res := run(t, s); len(res.Redelivered) != 1 {
+		t.Fatalf("after 1h: %+v, want poison asked for a second time", res)
+	}
+	f.failed("poison", 0)
+	age(61 * time.Minute)
+	if res := run(t, s); len(res.Redelivered) != 0 {
+		t.Fatalf("1h after the second request: %+v, want a 2h backoff", res)
+	}
+	age(121 * time.Minute)
+	if res := run(t, s); len(res.Redelivered) != 1 {
+		t.Fatalf("2h after the second request: %+v, want a third request", res)
+	}
+	if n := len(f.gh.Redeliveries()); n != 3 {
+		t.Fatalf("%d requests, want 3", n)
 	}
 }

@@ -61,6 +61,7 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 	}
 	fs.StringVar(&cfg.APIURL, "api-url", apiURL, "REST API base URL (default: $GITHUB_API_URL, else GitHub's)")
 	fs.DurationVar(&cfg.ResendAfter, "resend-after", 15*time.Minute, "leave a requested redelivery alone this long while GitHub shows no newer attempt")
+	fs.DurationVar(&cfg.Backoff, "backoff", time.Minute, "wait before asking again for a delivery whose redelivery failed too, doubled with each request")
 	fs.DurationVar(&cfg.MaxRateLimitWait, "max-wait", time.Minute, "longest wait on GitHub's rate limit before giving up")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	pos, err := parse(fs, args)

@@ -34,6 +34,8 @@
 //	REDELIVER_INTERVAL     time between sweeps (default 5m)
 //	REDELIVER_PAUSE        least time between two redelivery requests
 //	                       (default 1s, GitHub's advice; 0 for none)
+//	REDELIVER_BACKOFF      wait before asking again for a delivery whose
+//	                       redelivery failed too, doubled each time (default 1m)
 //
 // Once it is ready it logs a line with msg=listening and the address.
 package main

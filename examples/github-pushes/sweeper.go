@@ -23,6 +23,7 @@ type sweeperConfig struct {
 	APIURL   string        // GITHUB_API_URL, default https://api.github.com
 	Interval time.Duration // REDELIVER_INTERVAL, default 5m
 	Pause    time.Duration // REDELIVER_PAUSE, default 1s
+	Backoff  time.Duration // REDELIVER_BACKOFF, default 1m
 }
 
 // on reports whether the sweeper is configured.
@@ -36,6 +37,7 @@ func loadSweeperConfig(getenv func(string) string) (sweeperConfig, []string) {
 		APIURL:   strings.TrimSpace(getenv("GITHUB_API_URL")),
 		Interval: 5 * time.Minute,
 		Pause:    time.Second,
+		Backoff:  time.Minute,
 	}
 	hookID := strings.TrimSpace(getenv("GITHUB_HOOK_ID"))
 	if hookID == "" {
@@ -63,7 +65,7 @@ func loadSweeperConfig(getenv func(string) string) (sweeperConfig, []string) {
 		name string
 		dst  *time.Duration
 		min  time.Duration
-	}{{"REDELIVER_INTERVAL", &c.Interval, time.Second}, {"REDELIVER_PAUSE", &c.Pause, 0}} {
+	}{{"REDELIVER_INTERVAL", &c.Interval, time.Second}, {"REDELIVER_PAUSE", &c.Pause, 0}, {"REDELIVER_BACKOFF", &c.Backoff, time.Millisecond}} {
 		if v := strings.TrimSpace(getenv(d.name)); v != "" {
 			dur, err := time.ParseDuration(v)
 			if err != nil || dur < d.min {
@@ -90,6 +92,7 @@ func startSweeper(ctx context.Context, pool *pgxpool.Pool, c sweeperConfig, log 
 		Source:    "github",
 		APIURL:    c.APIURL,
 		PostPause: pause,
+		Backoff:   c.Backoff,
 		Logger:    log,
 	})
 	if err != nil {

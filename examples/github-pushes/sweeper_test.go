@@ -123,7 +123,7 @@ func TestLoadSweeperConfig(t *testing.T) {
 	c, problems = loadSweeperConfig(func(k string) string {
 		return map[string]string{"GITHUB_HOOK_ID": "5", "GITHUB_REPOSITORY": "octo/hello", "GITHUB_TOKEN": "t"}[k]
 	})
-	if len(problems) > 0 || !c.on() || c.APIURL != "https://api.github.com" || c.Interval != 5*time.Minute || c.Owner != "octo" || c.Repo != "hello" {
+	if len(problems) > 0 || !c.on() || c.APIURL != "https://api.github.com" || c.Interval != 5*time.Minute || c.Backoff != time.Minute || c.Owner != "octo" || c.Repo != "hello" {
 		t.Fatalf("config %+v %q", c, problems)
 	}
 }

@@ -145,7 +145,7 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "GITHUB_WEBHOOK_SECRET=" + secret,
 		"GITHUB_API_URL=http://" + ln.Addr().String(), "GITHUB_TOKEN=" + token,
 		"GITHUB_REPOSITORY=" + hookRepo, "GITHUB_HOOK_ID=1",
-		"REDELIVER_INTERVAL=" + cfg.Interval.String(), "REDELIVER_PAUSE=0",
+		"REDELIVER_INTERVAL=" + cfg.Interval.String(), "REDELIVER_PAUSE=0", "REDELIVER_BACKOFF=" + cfg.Interval.String(),
 	}
 	l := &launcher{bin: bins[githubPushesPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
