@@ -38,7 +38,9 @@ type githubConfig struct {
 	// events happen, not faster because the receiver is down.
 	Rate  int
 	Kills int // SIGKILLs of the example while pushes are delivered
-	// SweepKills are SIGKILLs while the sweeper recovers the failures.
+	// SweepKills are SIGKILLs after the pushes, while failures remain to be
+	// recovered (the sweeper runs from the start, so earlier kills land in
+	// sweeps too).
 	SweepKills int
 	// Interval is the example's REDELIVER_INTERVAL.
 	Interval time.Duration
@@ -265,12 +267,12 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		if c == len(pushes) {
 			break
 		}
-		if sweepKills > 0 && rng.IntN(4) == 0 {
+		if sweepKills > 0 && c > res.FirstTryOK {
 			sweepKills--
 			logf("killing the example while the sweeper recovers (%d/%d settled)", c, len(pushes))
 			kill()
 		}
-		time.Sleep(cfg.Interval / 2)
+		time.Sleep(time.Duration(rng.Int64N(int64(cfg.Interval))))
 	}
 	// One more sweep must find nothing to redeliver; then stop.
 	if ctx.Err() == nil {
