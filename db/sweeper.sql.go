@@ -22,10 +22,11 @@ ON CONFLICT (source, guid) DO UPDATE
         requests = r.requests + 1,
         requested_at = now(),
         last_error = NULL
-    WHERE ((r.status = 'failed' OR r.last_delivery_id < excluded.last_delivery_id)
-           AND r.requested_at < now() - least($7::interval * power(2, least(r.requests - 1, 20)),
+    WHERE ((r.status = 'failed'
+            OR r.last_delivery_id < excluded.last_delivery_id
+            OR r.requested_at < now() - $7::interval)
+           AND r.requested_at < now() - least($8::interval * power(2, least(r.requests - 1, 20)),
                                              interval '6 hours'))
-       OR r.requested_at < now() - $8::interval
        OR (r.status = 'requesting' AND r.requested_at < now() - $9::interval)
 `
 
@@ -36,8 +37,8 @@ type ClaimRedeliveryParams struct {
 	Event          string
 	LastDeliveryID int64
 	FirstFailedAt  pgtype.Timestamptz
-	Backoff        pgtype.Interval
 	ResendAfter    pgtype.Interval
+	Backoff        pgtype.Interval
 	UnknownAfter   pgtype.Interval
 }
 
@@ -45,9 +46,9 @@ type ClaimRedeliveryParams struct {
 // of it is already on its way: requested, and neither has GitHub made a newer attempt at it
 // since (a delivery id above last_delivery_id) nor has resend_after passed; or being requested
 // for less than unknown_after (a request whose sender died has an unknown outcome, and GitHub
-// attempts an accepted redelivery within seconds). A guid asked for before waits, after its
-// k-th request, backoff * 2^(k-1) (at most 6 hours) before a newer failed attempt or a refusal
-// makes it eligible: a delivery the receiver keeps refusing is not asked for on every run.
+// attempts an accepted redelivery within seconds). Besides, a guid asked for before waits,
+// after its k-th request, backoff * 2^(k-1) (at most 6 hours) before it is asked for again:
+// a delivery the receiver keeps refusing is not asked for on every run.
 // One row affected: this caller asks GitHub; none: it does not. Two sweepers racing on one
 // guid serialise on the row.
 func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams) (int64, error) {
@@ -58,8 +59,8 @@ func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams
 		arg.Event,
 		arg.LastDeliveryID,
 		arg.FirstFailedAt,
-		arg.Backoff,
 		arg.ResendAfter,
+		arg.Backoff,
 		arg.UnknownAfter,
 	)
 	if err != nil {

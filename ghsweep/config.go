@@ -108,9 +108,9 @@ type Config struct {
 	// alone while GitHub shows no newer attempt at it. A newer attempt
 	// that failed makes it eligible at once. Defaults to 15 minutes.
 	ResendAfter time.Duration
-	// Backoff spaces the requests for a guid that keeps failing: after the
-	// k-th request, a newer failed attempt (or GitHub refusing the
-	// request) makes the guid eligible again once Backoff * 2^(k-1) has
+	// Backoff spaces the requests for a guid that keeps failing: after its
+	// k-th request, the guid is asked for again (after a newer failed
+	// attempt, a refusal, or ResendAfter) only once Backoff * 2^(k-1) has
 	// passed, at most 6 hours. A delivery the receiver keeps refusing (a
 	// wrong secret, a body it rejects) is thus asked for about a dozen
 	// times over GitHub's 3 days, not on every run. Defaults to one minute.

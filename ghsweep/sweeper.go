@@ -148,7 +148,8 @@ type guidState struct {
 // keeps the guids none of whose attempts GitHub saw answered 2xx, drops those
 // settled in the events table (Source, key = guid), those in flight (held by
 // a lease-mode claim whose lease runs) and those whose redelivery is
-// already on its way, and asks GitHub to redeliver each of the rest, once. ctx bounds the whole run, waits on rate limits included.
+// already on its way, and asks GitHub to redeliver each of the rest, once.
+// ctx bounds the whole run, waits on rate limits included.
 //
 // Runs on one hook take turns: while another run (in any process) holds the
 // hook's advisory lock, Run returns at once with Result.Busy set. Each

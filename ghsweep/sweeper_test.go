@@ -527,3 +527,27 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("%d requests, want 3", n)
 	}
 }
+
+// TestBackoffOutlastsResendAfter: once the backoff is longer than
+// ResendAfter, ResendAfter alone does not make a guid eligible.
+func TestBackoffOutlastsResendAfter(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegithub.Config{})
+	f.failed("poison", 2*time.Hour)
+	run(t, f.sweeper(t, nil))
+	if _, err := f.pool.Exec(t.Context(), `UPDATE txhook_redeliveries SET requests = 5, requested_at = now() - interval '20 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	// 20 minutes after a 5th request: its backoff, 1m * 2^4 = 16m, has passed.
+	s := f.sweeper(t, func(c *ghsweep.Config) { c.Backoff = time.Minute; c.ResendAfter = 15 * time.Minute })
+	if res := run(t, s); len(res.Redelivered) != 1 {
+		t.Fatalf("20m after a 5th request (16m backoff): %+v, want poison asked again", res)
+	}
+	if _, err := f.pool.Exec(t.Context(), `UPDATE txhook_redeliveries SET requested_at = now() - interval '20 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	// 20 minutes after a 6th: its backoff is 32m, longer than ResendAfter (15m).
+	if res := run(t, s); len(res.Redelivered) != 0 || res.Waiting != 1 {
+		t.Fatalf("20m after a 6th request (32m backoff, 15m ResendAfter): %+v, want poison waiting", res)
+	}
+}

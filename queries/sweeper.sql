@@ -21,9 +21,9 @@ WHERE source = @source AND event_key = ANY(@keys::text[])
 -- of it is already on its way: requested, and neither has GitHub made a newer attempt at it
 -- since (a delivery id above last_delivery_id) nor has resend_after passed; or being requested
 -- for less than unknown_after (a request whose sender died has an unknown outcome, and GitHub
--- attempts an accepted redelivery within seconds). A guid asked for before waits, after its
--- k-th request, backoff * 2^(k-1) (at most 6 hours) before a newer failed attempt or a refusal
--- makes it eligible: a delivery the receiver keeps refusing is not asked for on every run.
+-- attempts an accepted redelivery within seconds). Besides, a guid asked for before waits,
+-- after its k-th request, backoff * 2^(k-1) (at most 6 hours) before it is asked for again:
+-- a delivery the receiver keeps refusing is not asked for on every run.
 -- One row affected: this caller asks GitHub; none: it does not. Two sweepers racing on one
 -- guid serialise on the row.
 INSERT INTO txhook_redeliveries AS r
@@ -36,10 +36,11 @@ ON CONFLICT (source, guid) DO UPDATE
         requests = r.requests + 1,
         requested_at = now(),
         last_error = NULL
-    WHERE ((r.status = 'failed' OR r.last_delivery_id < excluded.last_delivery_id)
+    WHERE ((r.status = 'failed'
+            OR r.last_delivery_id < excluded.last_delivery_id
+            OR r.requested_at < now() - @resend_after::interval)
            AND r.requested_at < now() - least(sqlc.arg(backoff)::interval * power(2, least(r.requests - 1, 20)),
                                              interval '6 hours'))
-       OR r.requested_at < now() - @resend_after::interval
        OR (r.status = 'requesting' AND r.requested_at < now() - @unknown_after::interval);
 
 -- name: MarkRedeliveryRequested :exec
