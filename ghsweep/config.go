@@ -112,7 +112,7 @@ type Config struct {
 	// k-th request, the guid is asked for again (after a newer failed
 	// attempt, a refusal, or ResendAfter) only once Backoff * 2^(k-1) has
 	// passed, at most 6 hours. A delivery the receiver keeps refusing (a
-	// wrong secret, a body it rejects) is thus asked for about a dozen
+	// wrong secret, a body it rejects) is thus asked for about twenty
 	// times over GitHub's 3 days, not on every run. Defaults to one minute.
 	Backoff time.Duration
 	// PerPage is the page size of the deliveries listing (GitHub's maximum
