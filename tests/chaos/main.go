@@ -68,11 +68,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
-	run := runMain
+	scenario := runMain
 	if *github {
-		run = runGitHubMain
+		scenario = runGitHubMain
 	}
-	ok, err := run(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
+	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)
