@@ -39,9 +39,11 @@ unit:
 demo:
 	$(GO) run ./cmd/demo
 
-## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills).
+## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
+## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper.
 chaos:
 	cd tests && $(GO) run ./chaos
+	cd tests && $(GO) run ./chaos -github
 
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
 bench:

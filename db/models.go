@@ -22,3 +22,30 @@ type TxhookProcessedEvent struct {
 	Payload        []byte
 	PayloadHash    []byte
 }
+
+type TxhookRedelivery struct {
+	Source         string
+	Guid           string
+	Hook           string
+	Event          string
+	LastDeliveryID int64
+	Status         string
+	Requests       int32
+	FirstFailedAt  pgtype.Timestamptz
+	RequestedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+}
+
+type TxhookSweeperRun struct {
+	Source           string
+	Hook             string
+	StartedAt        pgtype.Timestamptz
+	FinishedAt       pgtype.Timestamptz
+	CursorDeliveryID int64
+	Deliveries       int32
+	Failed           int32
+	Settled          int32
+	Redelivered      int32
+	TotalRedelivered int64
+	LastError        pgtype.Text
+}

@@ -23,17 +23,19 @@ func runEvents(ctx context.Context, c *cli, args []string) error {
 			return runEventsList(ctx, c, args[1:])
 		case "show":
 			return runEventsShow(ctx, c, args[1:])
+		case "redelivered":
+			return runEventsRedelivered(ctx, c, args[1:])
 		}
 	}
-	fs := c.newFlags("events", "events list [flags] | events show SOURCE KEY")
+	fs := c.newFlags("events", "events list [flags] | events show SOURCE KEY | events redelivered [flags]")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) == 0 {
-		return usagef("missing subcommand: list or show")
+		return usagef("missing subcommand: list, show or redelivered")
 	}
-	return usagef("unknown subcommand %q: want list or show", pos[0])
+	return usagef("unknown subcommand %q: want list, show or redelivered", pos[0])
 }
 
 func runEventsList(ctx context.Context, c *cli, args []string) error {

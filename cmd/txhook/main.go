@@ -10,8 +10,10 @@
 //	migrate up | down [N] | version   apply, roll back or report the schema
 //	events list [flags]               list events as a table or JSON
 //	events show SOURCE KEY            show one event, payload included
+//	events redelivered [flags]        list the GitHub deliveries the sweeper redelivered
 //	stats                             count events by source and status
 //	prune [flags]                     delete finished events past their retention
+//	github redeliver [flags]          redeliver failed GitHub webhook deliveries not yet settled
 //
 // The database comes from --database-url or, when that is not given, from
 // the DATABASE_URL environment variable. Every command takes --help. The
@@ -80,6 +82,7 @@ func commands() []command {
 		{"events", "list events or show one", runEvents},
 		{"stats", "count events by source and status", runStats},
 		{"prune", "delete finished events older than the retention", runPrune},
+		{"github", "redeliver failed GitHub webhook deliveries not yet settled", runGitHub},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/ghsweep"
 )
 
 func runStats(ctx context.Context, c *cli, args []string) error {
@@ -28,11 +29,19 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	runs, err := sweeperRuns(ctx, conn)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
-		return writeJSON(c.stdout, s)
+		return writeJSON(c.stdout, struct {
+			txhook.Stats
+			RedeliverySweeper []ghsweep.RunRecord `json:"redelivery_sweeper,omitempty"`
+		}{s, runs})
 	}
 	if len(s.Counts) == 0 {
 		fmt.Fprintln(c.stdout, "no events")
+		writeSweeperRuns(c.stdout, runs, time.Now())
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
@@ -81,5 +90,6 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	} else {
 		fmt.Fprintln(c.stdout, "oldest in-progress lease: none")
 	}
+	writeSweeperRuns(c.stdout, runs, time.Now())
 	return nil
 }

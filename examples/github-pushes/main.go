@@ -11,8 +11,10 @@
 // GitHub signs neither X-GitHub-Delivery nor a timestamp, so txhook's replay
 // guard is on: a captured body replayed under a fresh delivery id is
 // answered as a duplicate and logged. GitHub does not retry failed
-// deliveries by itself: redeliver them from the webhook's "Recent
-// Deliveries" page or its API (within 3 days).
+// deliveries by itself: with GITHUB_HOOK_ID set, the example runs txhook's
+// redelivery sweeper (package ghsweep) every REDELIVER_INTERVAL, which asks
+// GitHub to redeliver the failed deliveries of the last 3 days whose
+// delivery id is not yet recorded (see docs/github-sweeper.md).
 //
 // Configuration, from the environment:
 //
@@ -21,6 +23,19 @@
 //	                       comma-separated, while rotating it)
 //	ADDR                   listen address (default 127.0.0.1:8081)
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
+//
+// The redelivery sweeper, off when GITHUB_HOOK_ID is unset:
+//
+//	GITHUB_HOOK_ID         the repository webhook's id
+//	GITHUB_REPOSITORY      the repository, OWNER/NAME
+//	GITHUB_TOKEN           a token with the Webhooks permission (read and
+//	                       write) on the repository
+//	GITHUB_API_URL         the REST API (default https://api.github.com)
+//	REDELIVER_INTERVAL     time between sweeps (default 5m)
+//	REDELIVER_PAUSE        least time between two redelivery requests
+//	                       (default 1s, GitHub's advice; 0 for none)
+//	REDELIVER_BACKOFF      wait before asking again for a delivery whose
+//	                       redelivery failed too, doubled each time (default 1m)
 //
 // Once it is ready it logs a line with msg=listening and the address.
 package main
@@ -62,6 +77,7 @@ type config struct {
 	DatabaseURL   string   // DATABASE_URL
 	WebhookSecret []string // GITHUB_WEBHOOK_SECRET, comma-separated
 	Addr          string   // ADDR, default 127.0.0.1:8081
+	Sweeper       sweeperConfig
 }
 
 // loadConfig reads the configuration through getenv; its error names every
@@ -86,6 +102,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if len(c.WebhookSecret) == 0 {
 		problems = append(problems, "GITHUB_WEBHOOK_SECRET is required: the secret set on the GitHub webhook")
 	}
+	var sp []string
+	c.Sweeper, sp = loadSweeperConfig(getenv)
+	problems = append(problems, sp...)
 	if len(problems) > 0 {
 		return config{}, errors.New("invalid configuration:\n  - " + strings.Join(problems, "\n  - "))
 	}
@@ -106,6 +125,16 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 	h, err := newHandler(pool, cfg, log)
 	if err != nil {
 		return err
+	}
+	if cfg.Sweeper.on() {
+		sctx, stopSweeper := context.WithCancel(ctx)
+		wait, err := startSweeper(sctx, pool, cfg.Sweeper, log)
+		if err != nil {
+			stopSweeper()
+			return err
+		}
+		defer wait()
+		defer stopSweeper()
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -26,7 +26,9 @@ import (
 // ReceiverSettings are the environment variables the receivers read. Env
 // drops them from the parent's environment, so that a child gets only the
 // values its starter gives it.
-var ReceiverSettings = []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "ADDR", "FULFILLMENT_URL", "TXHOOK_CRASH_POINT"}
+var ReceiverSettings = []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "ADDR", "FULFILLMENT_URL", "TXHOOK_CRASH_POINT",
+	"GITHUB_WEBHOOK_SECRET", "GITHUB_API_URL", "GITHUB_TOKEN", "GITHUB_REPOSITORY", "GITHUB_HOOK_ID",
+	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF"}
 
 // Build compiles pkgs into dir with one go build and returns each binary's
 // path, by package.

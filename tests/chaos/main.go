@@ -22,6 +22,13 @@
 // DATABASE_URL set it uses that database: the example creates its tables
 // there, and the run's rows carry a random tag, so runs do not collide.
 //
+// With -github it runs the scenario of a sender that never retries
+// instead: a fake GitHub delivers each of -events pushes once to the
+// github-pushes example (killed and restarted, PostgreSQL restarted once),
+// whose redelivery sweeper must then recover every delivery that failed;
+// it checks that every push was applied exactly once and reports the
+// redeliveries.
+//
 // Run it with `make chaos`, or from the tests module: go run ./chaos -h.
 package main
 
@@ -53,6 +60,7 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "bound on the whole run")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
 	quiet := flag.Bool("q", false, "print only the summary line")
+	github := flag.Bool("github", false, "run the GitHub scenario: pushes delivered once, failures recovered by the redelivery sweeper")
 	flag.Parse()
 	cfg.Seed = *seed
 	if !*quiet {
@@ -60,7 +68,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
-	ok, err := runMain(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
+	scenario := runMain
+	if *github {
+		scenario = runGitHubMain
+	}
+	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)
@@ -118,4 +130,47 @@ func runMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (boo
 	}
 	fmt.Println(res.summary())
 	return res.ok(), nil
+}
+
+// runGitHubMain runs the GitHub scenario with the sizes of cfg that apply
+// (-events pushes, -senders, -kills), on dbURL or a throwaway cluster.
+func runGitHubMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
+	gcfg := defaultGitHubConfig()
+	if isFlagSet("events") {
+		gcfg.Pushes = cfg.Events
+	}
+	if isFlagSet("kills") {
+		gcfg.Kills = cfg.Kills
+	}
+	gcfg.Senders, gcfg.Timeout, gcfg.Seed, gcfg.Log = cfg.Senders, cfg.Timeout, cfg.Seed, cfg.Log
+	if dbURL == "" {
+		if cfg.Log != nil {
+			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
+		}
+		c, err := pgcluster.Start(ctx)
+		if err != nil {
+			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
+		}
+		defer c.Stop()
+		dbURL = c.URL
+		if restartDB {
+			gcfg.RestartDB = c.Restart
+		}
+	}
+	gcfg.DatabaseURL = dbURL
+	res, err := runGitHub(ctx, gcfg)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintln(os.Stderr, "problem:", p)
+	}
+	fmt.Println(res.summary())
+	return res.ok(), nil
+}
+
+func isFlagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

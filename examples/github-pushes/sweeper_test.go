@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/txhook/txhook/internal/fakegithub"
+)
+
+// TestSweeperRecoversWhatNeverArrived: a fake GitHub delivers pushes to the
+// example's endpoint, signed as GitHub signs them. While the receiver is
+// down two deliveries fail; a third is committed but its answer is lost, so
+// GitHub records it as failed too. The example's sweeper redelivers the two
+// that never arrived, and not the committed one: every push is applied
+// once.
+func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var mode atomic.Int32 // 0 up, 1 down (503), 2 commits but answers 502
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case 1:
+			http.Error(w, "receiver down", http.StatusServiceUnavailable)
+			return
+		case 2:
+			rec := httptest.NewRecorder()
+			proxy(t, f.url, rec, r)
+			http.Error(w, "bad gateway", http.StatusBadGateway)
+			return
+		}
+		proxy(t, f.url, w, r)
+	}))
+	t.Cleanup(front.Close)
+	const token = "ghp_exampleToken"
+	gh := fakegithub.New(fakegithub.Config{Hook: "repos/octo/hello/hooks/77", Token: token, Target: front.URL, Secret: testSecret})
+	api := httptest.NewServer(gh)
+	t.Cleanup(api.Close)
+
+	ctx := t.Context()
+	if d := gh.Send(ctx, "g-1", "push", pushBody(t, "a1", 1)); d.Status != "OK" {
+		t.Fatalf("first delivery: %+v, want OK", d)
+	}
+	mode.Store(1)
+	gh.Send(ctx, "g-2", "push", pushBody(t, "a2", 2))
+	gh.Send(ctx, "g-3", "push", pushBody(t, "a3", 3))
+	mode.Store(2)
+	if d := gh.Send(ctx, "g-4", "push", pushBody(t, "a4", 4)); d.Status == "OK" {
+		t.Fatalf("delivery with a lost answer: %+v, want failed", d)
+	}
+	mode.Store(0)
+
+	cfg, problems := loadSweeperConfig(func(k string) string {
+		return map[string]string{"GITHUB_HOOK_ID": "77", "GITHUB_REPOSITORY": "octo/hello", "GITHUB_TOKEN": token,
+			"GITHUB_API_URL": api.URL, "REDELIVER_INTERVAL": "1s", "REDELIVER_PAUSE": "0"}[k]
+	})
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	wait, err := startSweeper(sctx, f.db.Pool, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for f.repo(t).PushCount < 4 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // one more sweep: it must request nothing more
+	stop()
+	wait()
+	gh.Wait()
+
+	r := f.repo(t)
+	if r.PushCount != 4 || r.CommitCount != 1+2+3+4 {
+		t.Fatalf("repository = %+v, want 4 pushes and 10 commits, each applied once", r)
+	}
+	if got := slices.Sorted(slices.Values(gh.Redeliveries())); !slices.Equal(got, []string{"g-2", "g-3"}) {
+		t.Fatalf("redelivered %q, want g-2 and g-3 (g-4 was committed)", got)
+	}
+}
+
+// proxy forwards r to url and copies the answer to w.
+func proxy(t *testing.T, url string, w http.ResponseWriter, r *http.Request) {
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, url, r.Body)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+func TestLoadSweeperConfig(t *testing.T) {
+	t.Parallel()
+	c, problems := loadSweeperConfig(func(string) string { return "" })
+	if c.on() || len(problems) > 0 {
+		t.Fatalf("no GITHUB_HOOK_ID: %+v %q, want the sweeper off", c, problems)
+	}
+	_, problems = loadSweeperConfig(func(k string) string {
+		return map[string]string{"GITHUB_HOOK_ID": "x", "GITHUB_REPOSITORY": "octo", "REDELIVER_INTERVAL": "soon"}[k]
+	})
+	all := strings.Join(problems, "\n")
+	for _, want := range []string{"GITHUB_HOOK_ID must be", "GITHUB_REPOSITORY must be OWNER/NAME", "GITHUB_TOKEN is required", "REDELIVER_INTERVAL must be"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("problems %q: missing %q", problems, want)
+		}
+	}
+	c, problems = loadSweeperConfig(func(k string) string {
+		return map[string]string{"GITHUB_HOOK_ID": "5", "GITHUB_REPOSITORY": "octo/hello", "GITHUB_TOKEN": "t"}[k]
+	})
+	if len(problems) > 0 || !c.on() || c.APIURL != "https://api.github.com" || c.Interval != 5*time.Minute || c.Backoff != time.Minute || c.Owner != "octo" || c.Repo != "hello" {
+		t.Fatalf("config %+v %q", c, problems)
+	}
+}

@@ -1,0 +1,401 @@
+package ghsweep
+
+import (
+	"cmp"
+	"context"
+	"crypto/rsa"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook/db"
+)
+
+// Sweeper lists a webhook's recent deliveries and asks GitHub to redeliver
+// those that failed and whose guid is not settled in the events table.
+// A Sweeper is safe for concurrent use; runs on one hook, in this process
+// or any other, take turns through a PostgreSQL advisory lock.
+type Sweeper struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	hook   string
+	list   *url.URL
+	log    *slog.Logger
+	appKey *rsa.PrivateKey
+}
+
+// New returns a Sweeper for cfg that reads and records its state through
+// pool, on a database migrated to txhook's schema (migration 0005 or later).
+func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
+	if pool == nil {
+		return nil, errors.New("ghsweep: new sweeper: nil pool")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.Hook.validate(); err != nil {
+		return nil, fmt.Errorf("ghsweep: new sweeper: %w", err)
+	}
+	s := &Sweeper{pool: pool, hook: c.Hook.String()}
+	if c.Hook.app {
+		if c.AppID == "" || len(c.AppPrivateKey) == 0 {
+			return nil, errors.New("ghsweep: new sweeper: an App hook needs AppID and AppPrivateKey")
+		}
+		k, err := parseAppKey(c.AppPrivateKey)
+		if err != nil {
+			return nil, fmt.Errorf("ghsweep: new sweeper: %w", err)
+		}
+		s.appKey = k
+	} else if c.Token == "" {
+		return nil, fmt.Errorf("ghsweep: new sweeper: hook %s needs a Token", s.hook)
+	}
+	if c.Source == "" {
+		c.Source = "github"
+	}
+	if c.APIURL == "" {
+		c.APIURL = defaultAPIURL
+	}
+	base, err := url.Parse(c.APIURL)
+	if err != nil || (base.Scheme != "https" && base.Scheme != "http") || base.Host == "" {
+		return nil, fmt.Errorf("ghsweep: new sweeper: APIURL %q is not an http(s) URL", c.APIURL)
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	if c.Window <= 0 {
+		c.Window = defaultWindow
+	}
+	if c.ResendAfter <= 0 {
+		c.ResendAfter = defaultResendAfter
+	}
+	if c.Backoff <= 0 {
+		c.Backoff = defaultBackoff
+	}
+	if c.PerPage <= 0 || c.PerPage > 100 {
+		c.PerPage = defaultPerPage
+	}
+	if c.MaxRateLimitWait <= 0 {
+		c.MaxRateLimitWait = defaultMaxWait
+	}
+	switch {
+	case c.PostPause == 0:
+		c.PostPause = defaultPostPause
+	case c.PostPause < 0:
+		c.PostPause = 0
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s.list = c.Hook.deliveries(base)
+	q := s.list.Query()
+	q.Set("per_page", strconv.Itoa(c.PerPage))
+	s.list.RawQuery = q.Encode()
+	s.cfg = c
+	s.log = c.Logger.With("source", c.Source, "hook", s.hook)
+	return s, nil
+}
+
+// Result is what one run found and did.
+type Result struct {
+	// Busy reports that another run on the same hook held the lock: this
+	// run did nothing.
+	Busy bool `json:"busy,omitempty"`
+	// Deliveries counts the deliveries listed within the window; New those
+	// among them newer than the previous run's newest.
+	Deliveries int `json:"deliveries"`
+	New        int `json:"new"`
+	// Failed counts the guids none of whose listed attempts was answered 2xx.
+	Failed int `json:"failed"`
+	// Settled counts those of them settled in the events table: never
+	// redelivered.
+	Settled int `json:"settled"`
+	// InFlight counts those held by a lease-mode claim whose lease runs:
+	// being processed, so not redelivered now.
+	InFlight int `json:"in_flight"`
+	// Waiting counts those whose redelivery was requested earlier and is
+	// not yet attempted by GitHub (within ResendAfter), or whose earlier
+	// redeliveries failed too and which wait out their Backoff.
+	Waiting int `json:"waiting"`
+	// Redelivered lists the guids this run asked GitHub to redeliver.
+	Redelivered []string `json:"redelivered"`
+	// Refused counts the redelivery requests GitHub refused (see the error).
+	Refused int `json:"refused"`
+}
+
+// unknownAfter is how long a redelivery request whose outcome is unknown
+// (its sweeper died while sending it) holds its guid back.
+const unknownAfter = time.Minute
+
+// guidState gathers the listed deliveries of one guid.
+type guidState struct {
+	guid        string
+	event       string
+	newest      int64 // newest delivery id (the one to redeliver)
+	firstFailed time.Time
+	ok          bool // an attempt was answered 2xx
+}
+
+// Run sweeps the hook once: it lists the deliveries of the last Window,
+// keeps the guids none of whose attempts GitHub saw answered 2xx, drops those
+// settled in the events table (Source, key = guid), those in flight (held by
+// a lease-mode claim whose lease runs) and those whose redelivery is
+// already on its way, and asks GitHub to redeliver each of the rest, once.
+// ctx bounds the whole run, waits on rate limits included.
+//
+// Runs on one hook take turns: while another run (in any process) holds the
+// hook's advisory lock, Run returns at once with Result.Busy set. Each
+// redelivery is recorded before it is requested, so that even runs that do
+// not share the lock never request one guid twice within ResendAfter.
+//
+// Run is the body of a periodic job: call it from cron (txhook github
+// redeliver), from RunEvery, or from a job queue's periodic job. A
+// redelivery that GitHub refuses does not stop the others; the run returns
+// them joined in its error, with the Result of what it did. A refused
+// credential, a rate limit wait past MaxRateLimitWait or a database error
+// stops the run.
+func (s *Sweeper) Run(ctx context.Context) (Result, error) {
+	started := time.Now()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("ghsweep: acquire connection: %w", err)
+	}
+	q := db.New(conn)
+	locked, err := q.TrySweeperLock(ctx, s.cfg.Source+" "+s.hook)
+	if err != nil {
+		conn.Release()
+		return Result{}, fmt.Errorf("ghsweep: take sweeper lock: %w", err)
+	}
+	if !locked {
+		conn.Release()
+		s.log.Info("redelivery sweep skipped: another sweeper holds the lock")
+		return Result{Busy: true}, nil
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if ok, err := q.SweeperUnlock(uctx, s.cfg.Source+" "+s.hook); err != nil || !ok {
+			// A session that may still hold the lock must not go back to
+			// the pool: close it, which releases the lock.
+			_ = conn.Hijack().Close(uctx)
+			return
+		}
+		conn.Release()
+	}()
+
+	cursor, err := q.GetSweeperCursor(ctx, db.GetSweeperCursorParams{Source: s.cfg.Source, Hook: s.hook})
+	if err != nil {
+		return Result{}, fmt.Errorf("ghsweep: read sweeper state: %w", err)
+	}
+	res, newest, runErr := s.sweep(ctx, q, cursor)
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	var lastErr pgtype.Text
+	if runErr != nil {
+		lastErr = pgtype.Text{String: runErr.Error(), Valid: true}
+	}
+	if err := q.SaveSweeperRun(sctx, db.SaveSweeperRunParams{
+		Source:           s.cfg.Source,
+		Hook:             s.hook,
+		StartedAt:        pgtype.Timestamptz{Time: started, Valid: true},
+		CursorDeliveryID: newest,
+		Deliveries:       int32(res.Deliveries),
+		Failed:           int32(res.Failed),
+		Settled:          int32(res.Settled),
+		Redelivered:      int32(len(res.Redelivered)),
+		LastError:        lastErr,
+	}); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("ghsweep: record run: %w", err))
+	}
+	attrs := []any{"deliveries", res.Deliveries, "new", res.New, "failed", res.Failed, "settled", res.Settled,
+		"waiting", res.Waiting, "redelivered", len(res.Redelivered), "refused", res.Refused, "elapsed", time.Since(started).Round(time.Millisecond)}
+	if runErr != nil {
+		s.log.Error("redelivery sweep failed", append(attrs, "err", runErr)...)
+	} else {
+		s.log.Info("redelivery sweep", attrs...)
+	}
+	return res, runErr
+}
+
+// sweep does a locked run's work and returns the newest delivery id listed.
+func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Result, int64, error) {
+	res := Result{Redelivered: []string{}}
+	c := s.client()
+	cutoff := time.Now().Add(-s.cfg.Window)
+	guids := map[string]*guidState{}
+	var newest int64
+	for next := s.list.String(); next != ""; {
+		var page []delivery
+		var err error
+		if next, err = c.get(ctx, next, &page); err != nil {
+			return res, newest, err
+		}
+		older := false
+		for _, d := range page {
+			if d.DeliveredAt.Before(cutoff) {
+				older = true // listed newest first: the rest of the listing is older
+				continue
+			}
+			res.Deliveries++
+			if d.ID > cursor {
+				res.New++
+			}
+			newest = max(newest, d.ID)
+			g := guids[d.GUID]
+			if g == nil {
+				g = &guidState{guid: d.GUID, event: d.Event}
+				guids[d.GUID] = g
+			}
+			if d.ok() {
+				g.ok = true
+				continue
+			}
+			g.newest = max(g.newest, d.ID)
+			if g.firstFailed.IsZero() || d.DeliveredAt.Before(g.firstFailed) {
+				g.firstFailed = d.DeliveredAt
+			}
+		}
+		if older || len(page) == 0 {
+			break
+		}
+	}
+
+	var failed []*guidState
+	for _, g := range guids {
+		if !g.ok && g.guid != "" {
+			failed = append(failed, g)
+		}
+	}
+	slices.SortFunc(failed, func(a, b *guidState) int {
+		return cmp.Or(a.firstFailed.Compare(b.firstFailed), cmp.Compare(a.guid, b.guid))
+	})
+	res.Failed = len(failed)
+	skip := map[string]bool{} // settled or in flight
+	for chunk := range slices.Chunk(failed, 500) {
+		keys := make([]string, len(chunk))
+		for i, g := range chunk {
+			keys[i] = g.guid
+		}
+		rows, err := q.SettledOrInFlightKeys(ctx, db.SettledOrInFlightKeysParams{Source: s.cfg.Source, Keys: keys})
+		if err != nil {
+			return res, newest, fmt.Errorf("ghsweep: read settled keys: %w", err)
+		}
+		for _, r := range rows {
+			skip[r.EventKey] = true
+			if r.Settled {
+				res.Settled++
+			} else {
+				res.InFlight++
+			}
+		}
+	}
+
+	var refused []error
+	for _, g := range failed {
+		if skip[g.guid] {
+			continue
+		}
+		n, err := q.ClaimRedelivery(ctx, db.ClaimRedeliveryParams{
+			Source:         s.cfg.Source,
+			Guid:           g.guid,
+			Hook:           s.hook,
+			Event:          g.event,
+			LastDeliveryID: g.newest,
+			FirstFailedAt:  pgtype.Timestamptz{Time: g.firstFailed, Valid: true},
+			ResendAfter:    pgtype.Interval{Microseconds: s.cfg.ResendAfter.Microseconds(), Valid: true},
+			UnknownAfter:   pgtype.Interval{Microseconds: min(s.cfg.ResendAfter, unknownAfter).Microseconds(), Valid: true},
+			Backoff:        pgtype.Interval{Microseconds: s.cfg.Backoff.Microseconds(), Valid: true},
+		})
+		if err != nil {
+			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
+		}
+		if n == 0 {
+			res.Waiting++
+			continue
+		}
+		attempts := s.list.JoinPath(strconv.FormatInt(g.newest, 10), "attempts")
+		attempts.RawQuery = ""
+		if err := c.post(ctx, attempts.String()); err != nil {
+			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			merr := q.MarkRedeliveryFailed(mctx, db.MarkRedeliveryFailedParams{
+				Source: s.cfg.Source, Guid: g.guid, LastError: pgtype.Text{String: err.Error(), Valid: true}})
+			cancel()
+			if merr != nil {
+				return res, newest, errors.Join(err, fmt.Errorf("ghsweep: record refused redelivery of %s: %w", g.guid, merr))
+			}
+			var apiErr *APIError
+			if !errors.As(err, &apiErr) || apiErr.fatal() {
+				return res, newest, err // rate limit, credential, network or cancellation: stop
+			}
+			res.Refused++
+			s.log.Warn("redelivery refused", "guid", g.guid, "delivery_id", g.newest, "err", err)
+			if len(refused) < 10 {
+				refused = append(refused, fmt.Errorf("redeliver %s: %w", g.guid, err))
+			}
+			continue
+		}
+		if err := q.MarkRedeliveryRequested(ctx, db.MarkRedeliveryRequestedParams{Source: s.cfg.Source, Guid: g.guid}); err != nil {
+			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
+		}
+		res.Redelivered = append(res.Redelivered, g.guid)
+		s.log.Info("redelivery requested", "guid", g.guid, "event", g.event, "delivery_id", g.newest, "failed_at", g.firstFailed)
+	}
+	return res, newest, errors.Join(refused...)
+}
+
+// client returns a client for one run.
+func (s *Sweeper) client() *client {
+	c := &client{
+		http:    s.cfg.HTTPClient,
+		base:    s.list,
+		maxWait: s.cfg.MaxRateLimitWait,
+		pause:   s.cfg.PostPause,
+		now:     time.Now,
+	}
+	if s.appKey == nil {
+		c.credential = func() (string, error) { return s.cfg.Token, nil }
+		c.secret = func() []string { return []string{s.cfg.Token} }
+		return c
+	}
+	var jwt string
+	var made time.Time
+	c.credential = func() (string, error) {
+		if now := time.Now(); jwt == "" || now.Sub(made) > 5*time.Minute {
+			t, err := appJWT(s.cfg.AppID, s.appKey, now)
+			if err != nil {
+				return "", fmt.Errorf("ghsweep: %w", err)
+			}
+			jwt, made = t, now
+		}
+		return jwt, nil
+	}
+	c.secret = func() []string { return []string{jwt} }
+	return c
+}
+
+// RunEvery runs the sweeper now and then every interval until ctx ends,
+// logging each run's result through Config.Logger. It is what an
+// application without a job queue starts in a goroutine; several instances
+// may each run it: the hook's lock makes their runs take turns. It returns
+// when ctx ends.
+func (s *Sweeper) RunEvery(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(max(interval, time.Second))
+	defer t.Stop()
+	for {
+		_, _ = s.Run(ctx) // Run logs its result and its error
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS txhook_sweeper_runs;
+DROP TABLE IF EXISTS txhook_redeliveries;
