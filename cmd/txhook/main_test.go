@@ -340,12 +340,15 @@ func TestParseAge(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]time.Duration{
 		"14d": 14 * 24 * time.Hour, "36h": 36 * time.Hour, "1d12h": 36 * time.Hour, "90m": 90 * time.Minute, "0d": 0,
+		"36500d": 36500 * 24 * time.Hour, "2562047h": 2562047 * time.Hour,
 	} {
 		if got, err := parseAge(in); err != nil || got != want {
 			t.Errorf("parseAge(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "d", "-1d", "-3h", "1d-3h", "14 days", "1.5d", "99999999d"} {
+	for _, in := range []string{"", "d", "-1d", "-3h", "1d-3h", "14 days", "1.5d", "99999999d",
+		// Each part fits a time.Duration; their sum does not.
+		"36500d2562047h", "1d2562047h", "36500d9223372036854775807ns"} {
 		if got, err := parseAge(in); err == nil {
 			t.Errorf("parseAge(%q) = %v, want an error", in, got)
 		}
@@ -359,6 +362,10 @@ func TestParseAge(t *testing.T) {
 		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
 			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
 		}
+	}
+	// An overflowing age would put --since in the future and list nothing.
+	if got, err := parseSince("36500d2562047h", now); err == nil {
+		t.Errorf("parseSince(36500d2562047h) = %v, want an error", got)
 	}
 }
 
