@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/testdb"
 )
 
 // TestReplayGuardAcrossTypes replays captured bodies under a new id and
@@ -192,4 +194,74 @@ func TestReplayGuardOtherRouteConcurrent(t *testing.T) {
 	answers := deliverConcurrently(t, e, gh, `{"ref":"refs/heads/main","after":"2d3c"}`, "push", 8)
 	wantOneRun(t, e, answers, runs.Load())
 	e.wantCounts(1, 1)
+}
+
+// TestReplayGuardStatementTimeout: a session statement_timeout shorter than
+// ReplayLockTimeout cancels the guard's wait for another delivery of the
+// same body (57014); that is in flight, never 500.
+func TestReplayGuardStatementTimeout(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (source text, event_key text, event_type text)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "150ms"
+	short, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(short.Close)
+	gh := &handler.GitHub{Secrets: []string{"gh"}}
+	started, release := make(chan struct{}), make(chan struct{})
+	e := newEnvPool(t, d.Pool, short, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 5 * time.Second,
+		Routes: map[string]handler.Route{"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+			if ev.Key == "d-1" {
+				close(started)
+				<-release
+			}
+			return record(ctx, tx, ev)
+		})}}, nil)
+	body := `{"ref":"refs/heads/main","after":"9a9a"}`
+	first := postAsyncGitHub(e, gh, body, "d-1")
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("first delivery never reached its handler")
+	}
+	r := e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push")
+	close(release)
+	r.want(t, http.StatusConflict, "error", "in_flight")
+	if s := waitStatus(t, first); s != 200 {
+		t.Errorf("first delivery: status %d", s)
+	}
+}
+
+// postAsyncGitHub delivers body under id from another goroutine; the status
+// arrives on the returned channel (0 when the request failed).
+func postAsyncGitHub(e *env, gh *handler.GitHub, body, id string) <-chan int {
+	ch := make(chan int, 1)
+	h := hdr("X-GitHub-Delivery", id, "X-GitHub-Event", "push")
+	if err := gh.Sign(h, []byte(body), now); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, e.srv.URL, strings.NewReader(body))
+		if err != nil {
+			ch <- 0
+			return
+		}
+		req.Header = h
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			ch <- 0
+			return
+		}
+		resp.Body.Close()
+		ch <- resp.StatusCode
+	}()
+	return ch
 }
