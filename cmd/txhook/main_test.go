@@ -327,8 +327,28 @@ func TestPrune(t *testing.T) {
 		t.Errorf("after prune: %d rows left, want 7", count(t, d.Pool, "true"))
 	}
 
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--older-than", "7d"}, true},
+		{[]string{"--older-than", "7d", "--replay-window", "0"}, false},
+		{[]string{"--older-than", "20d", "--replay-window", "30d"}, true},
+		{[]string{"--older-than", "30d", "--replay-window", "30d"}, false},
+	} {
+		args := append([]string{"--database-url", d.URL, "prune", "--dry-run"}, tc.args...)
+		code, _, errOut := txhookCLI(t, args...)
+		if code != 0 || strings.Contains(errOut, "shorter than the replay window") != tc.warn {
+			t.Errorf("prune %v: exit %d, stderr %q; want a replay window warning: %v", tc.args, code, errOut, tc.warn)
+		}
+	}
+	if code, _, errOut := txhookCLI(t, "--database-url", d.URL, "prune", "--replay-window", "36500d2562047h"); code != 2 || !strings.Contains(errOut, "--replay-window") {
+		t.Errorf("prune with an overflowing --replay-window: exit %d, stderr %q", code, errOut)
+	}
+
 	code, out, errOut = txhookCLI(t, "--database-url", d.URL, "prune", "--older-than", "12h", "--include-failed")
-	if code != 0 || !strings.HasPrefix(out, "deleted 5 done and failed events") || !strings.Contains(errOut, "warning: a retention of 12h0m0s is shorter") {
+	if code != 0 || !strings.HasPrefix(out, "deleted 5 done and failed events") || !strings.Contains(errOut, "warning: a retention of 12h0m0s is shorter") ||
+		!strings.Contains(errOut, "shorter than the replay window of 336h0m0s") {
 		t.Errorf("prune --older-than 12h: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := count(t, d.Pool, "status = 'in_progress'"); n != 2 || count(t, d.Pool, "true") != 2 {
@@ -382,7 +402,7 @@ func TestPruneWhileAnotherPrunerRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := txhookCLI(t, "--database-url", d.URL, "prune")
-	if code != 0 || !strings.HasPrefix(out, "deleted 0 done events") || !strings.Contains(errOut, "another pruner holds the pruning lock") {
+	if code != 0 || out != "deleted 0 done events\n" || !strings.Contains(errOut, "another pruner holds the pruning lock") {
 		t.Errorf("prune while locked: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := count(t, d.Pool, "true"); n != 3 {
