@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,9 +17,15 @@ import (
 	"github.com/txhook/txhook"
 )
 
-// DefaultMaxBodyBytes is the default body limit: 32 MiB, above GitHub's
-// 25 MB payload cap.
-const DefaultMaxBodyBytes = 32 << 20
+// DefaultMaxBodyBytes is the body limit of providers whose senders document
+// no larger payloads (see Config.MaxBodyBytes): 1 MiB.
+const DefaultMaxBodyBytes = 1 << 20
+
+// DefaultBodyReadTimeout bounds reading a delivery's body unless
+// Config.BodyReadTimeout says otherwise: 15s, the longest response timeout
+// of the common senders (Standard Webhooks / Svix; GitHub allows 10s,
+// Shopify 5s), after which the sender has given up on the delivery anyway.
+const DefaultBodyReadTimeout = 15 * time.Second
 
 // DefaultReplayWindow is how far back the replay guard looks by default: the
 // default retention of the events table (txhook.DefaultReplayWindow).
@@ -55,8 +60,22 @@ type Config struct {
 	// Fallback, if set, handles every type that Routes lacks.
 	Fallback Route
 	// MaxBodyBytes is the largest accepted body; larger ones are answered
-	// 413. Defaults to DefaultMaxBodyBytes.
+	// 413. A body is read before its signature can be checked, into one
+	// buffer of its declared length (growing up to this limit when no
+	// length is declared), so the limit bounds what an unsigned request
+	// costs. Defaults to the provider's documented maximum, with room:
+	// 25 MiB for GitHub (its payloads are capped at 25 MB), 4 MiB for
+	// Shopify (no documented cap; its bodies can exceed a megabyte), and
+	// DefaultMaxBodyBytes for the others (Stripe documents no cap; the
+	// Standard Webhooks specification recommends payloads under 20 kB).
 	MaxBodyBytes int64
+	// BodyReadTimeout bounds reading the body: the endpoint sets the
+	// connection's read deadline (http.ResponseController) before it
+	// reads, and a body not received in time is answered 400 and its
+	// connection closed. It complements, and does not replace, the
+	// server's ReadHeaderTimeout, ReadTimeout and WriteTimeout. Defaults
+	// to DefaultBodyReadTimeout; a negative value sets no deadline.
+	BodyReadTimeout time.Duration
 	// InFlightStatus answers a delivery whose key another delivery holds:
 	// http.StatusConflict or http.StatusServiceUnavailable, always with
 	// Retry-After. Defaults to http.StatusConflict.
@@ -107,6 +126,7 @@ type Endpoint struct {
 	routes   map[string]Route
 	fallback Route
 	maxBody  int64
+	readWait time.Duration // Config.BodyReadTimeout; <= 0: none
 	inFlight int
 	guard    *guard // nil when the replay guard is off
 	log      *slog.Logger
@@ -141,7 +161,10 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		return nil, errors.New("handler: new endpoint: negative limit in config")
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
+		c.MaxBodyBytes = defaultMaxBody(c.Provider)
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	switch c.InFlightStatus {
 	case 0:
@@ -202,6 +225,7 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		routes:   routes,
 		fallback: c.Fallback,
 		maxBody:  c.MaxBodyBytes,
+		readWait: c.BodyReadTimeout,
 		inFlight: c.InFlightStatus,
 		guard:    g,
 		log:      c.Logger,
@@ -276,7 +300,12 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	if r.ContentLength > e.maxBody {
 		return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.maxBody))
+	if e.readWait > 0 {
+		// Not every ResponseWriter can (a test recorder): then the server's
+		// own timeouts are the only bound.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(e.readWait))
+	}
+	body, err := readBody(http.MaxBytesReader(w, r.Body, e.maxBody), r.ContentLength, e.maxBody)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge, err: err}

@@ -398,8 +398,8 @@ func TestReplayGuardConcurrent(t *testing.T) {
 	e.wantCounts(1, 1)
 }
 
-// TestDefaultBodyLimit: the default limit takes a body at GitHub's 25 MB
-// cap and refuses one past the limit.
+// TestDefaultBodyLimit: GitHub's default limit takes a body at its 25 MB
+// cap and refuses one past the limit (25 MiB).
 func TestDefaultBodyLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends 57 MB")
@@ -409,7 +409,7 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, nil)
 	big := `{"pad":"` + strings.Repeat("x", 25_000_000-10) + `"}`
 	e.post(gh, big, "X-GitHub-Delivery", "d-big", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
-	huge := big + strings.Repeat(" ", handler.DefaultMaxBodyBytes-len(big)+1)
+	huge := big + strings.Repeat(" ", 25<<20-len(big)+1)
 	e.post(gh, huge, "X-GitHub-Delivery", "d-huge", "X-GitHub-Event", "push").want(t, 413, "error", "too_large")
 	e.wantCounts(1, 1)
 }
