@@ -178,7 +178,6 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		Routes: map[string]handler.Route{
 			"push": handler.Tx(txhook.WithQueries(pushesdb.New, push)),
 		},
-		DB:     pool, // the replay guard reads recorded body hashes
 		Logger: log,
 	})
 	if err != nil {
