@@ -11,14 +11,8 @@ import (
 	"github.com/txhook/txhook/db"
 )
 
-// DefaultReplayWindow is how far back a ReplayGuard looks unless
-// ReplayGuard.Window says otherwise: DefaultRetention, so that the guard
-// remembers every body whose row pruning keeps.
-const DefaultReplayWindow = DefaultRetention
-
-// DefaultReplayLockTimeout is how long a ReplayGuard waits for another
-// delivery of the same body unless ReplayGuard.LockTimeout says otherwise.
-const DefaultReplayLockTimeout = 2 * time.Second
+// defaultReplayLockTimeout is ReplayGuard.LockTimeout's default.
+const defaultReplayLockTimeout = 2 * time.Second
 
 // ErrReplayInFlight is matched by the error of a delivery that gave up
 // waiting, past ReplayGuard.LockTimeout, for another delivery of the same
@@ -57,11 +51,11 @@ type ReplayGuard struct {
 	// Window is how far back the guard looks. Pruning keeps rows for the
 	// prune retention only, so a Window longer than the retention is
 	// shortened to it in effect (see PrunerConfig.ReplayWindow). Defaults
-	// to DefaultReplayWindow.
+	// to DefaultRetention, so that the guard remembers every body whose
+	// row default pruning keeps.
 	Window time.Duration
 	// LockTimeout bounds the wait for another delivery of the same hash;
-	// past it the delivery fails with ErrReplayInFlight. Defaults to
-	// DefaultReplayLockTimeout.
+	// past it the delivery fails with ErrReplayInFlight. Defaults to 2s.
 	LockTimeout time.Duration
 }
 
@@ -126,10 +120,10 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	}
 	window, wait := g.Window, g.LockTimeout
 	if window <= 0 {
-		window = DefaultReplayWindow
+		window = DefaultRetention
 	}
 	if wait <= 0 {
-		wait = DefaultReplayLockTimeout
+		wait = defaultReplayLockTimeout
 	}
 	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
 		Source:        ev.Source,

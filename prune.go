@@ -190,8 +190,8 @@ type PrunerConfig struct {
 	// The replay guard finds a replayed body by the rows pruning deletes,
 	// so a retention (Options.OlderThan) shorter than the window shortens
 	// the guard's memory to the retention: Run logs a warning when it is.
-	// Defaults to DefaultReplayWindow; a negative value means no endpoint
-	// is guarded, and no warning.
+	// Defaults to DefaultRetention, the guard's default window; a negative
+	// value means no endpoint is guarded, and no warning.
 	ReplayWindow time.Duration
 }
 
@@ -225,7 +225,7 @@ func NewPruner(db Beginner, cfg *PrunerConfig) (*Pruner, error) {
 		c.Logger = slog.Default()
 	}
 	if c.ReplayWindow == 0 {
-		c.ReplayWindow = DefaultReplayWindow
+		c.ReplayWindow = DefaultRetention
 	}
 	c.Options.DryRun = false
 	c.Options.Progress = nil

@@ -28,8 +28,8 @@ const DefaultMaxBodyBytes = 1 << 20
 const DefaultBodyReadTimeout = 15 * time.Second
 
 // DefaultReplayWindow is how far back the replay guard looks by default: the
-// default retention of the events table (txhook.DefaultReplayWindow).
-const DefaultReplayWindow = txhook.DefaultReplayWindow
+// default retention of the events table (txhook.DefaultRetention).
+const DefaultReplayWindow = txhook.DefaultRetention
 
 // ReplayGuard selects whether an endpoint checks for replayed bodies.
 type ReplayGuard int
