@@ -42,11 +42,14 @@ func (e *ReplayError) Error() string {
 //
 // The check takes a transaction-level advisory lock on (source, hash), so
 // that deliveries of one hash are checked one after another, then looks for
-// another key of the source recorded with that hash within Window. It runs
-// in a transaction at READ COMMITTED that stays open until the delivery's own
-// row is committed (or the delivery ends), so a delivery that waited for the
-// lock sees the row of the one before it. An event without a PayloadHash is
-// not checked. The zero value is ready to use.
+// another key of the source recorded with that hash within Window. The lock
+// is held until the delivery's own row is committed (or the delivery ends),
+// and the lookup, in a statement of its own, sees what committed while it
+// waited: at READ COMMITTED, which Lease and Run use; Handler runs in
+// Process's transaction, at the processor's isolation level, where a
+// stricter level sees only what committed before the transaction began. An
+// event without a PayloadHash is not checked. The zero value is ready to
+// use.
 type ReplayGuard struct {
 	// Window is how far back the guard looks. Pruning keeps rows for the
 	// prune retention only, so a Window longer than the retention is
