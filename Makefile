@@ -6,10 +6,15 @@ SQLC     := $(GO) tool -modfile=tools/go.mod sqlc
 STATICCHECK := $(GO) tool -modfile=tools/go.mod staticcheck
 export GOTOOLCHAIN := local
 
+# How long make fuzz runs each fuzz target, and how long it may spend
+# minimizing each new input (the default minute stalls short runs).
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 2s
+
 # Modules with their own go.mod (the library first).
 MODULES := . tests otelhook
 
-.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench
+.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz
 
 all: test
 
@@ -48,3 +53,14 @@ chaos:
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
 bench:
 	cd tests && $(GO) run ./bench -out ../BENCHMARKS.md -root ..
+
+## fuzz: every fuzz target of every module, for FUZZTIME each (default 30s).
+fuzz:
+	@set -e; for m in $(MODULES); do \
+	  for dir in $$(cd $$m && $(GO) list -f '{{.Dir}}' ./...); do \
+	    for t in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/^func //'); do \
+	      echo "== $$t ($${dir#$(CURDIR)/}), $(FUZZTIME)"; \
+	      (cd $$dir && $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) .); \
+	    done; \
+	  done; \
+	done

@@ -83,6 +83,8 @@ type LeaseHandler struct {
 	// Defaults to Lease/3. A negative value turns renewal off: Work's context
 	// then has a deadline at the end of the lease.
 	RenewEvery time.Duration
+
+	guard *ReplayGuard // checked inside the claim; see ReplayGuard.Lease
 }
 
 type leaseSettings struct {
@@ -161,7 +163,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	}
 
 	claimedAt := time.Now() // before the claim: the local lease never outlasts the database's
-	row, err := p.claim(ctx, ev, s.lease, replay)
+	row, err := p.claim(ctx, ev, s.lease, replay, h.guard)
 	switch {
 	case isLockTimeout(err):
 		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
@@ -243,10 +245,10 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	return p.leaseFailed(ctx, c, ev.Payload, err)
 }
 
-// claim runs the claim statement in its own transaction.
-func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, replay bool) (db.ClaimEventRow, error) {
+// claim runs the claim statement in its own transaction, after g's check.
+func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, replay bool, g *ReplayGuard) (db.ClaimEventRow, error) {
 	var row db.ClaimEventRow
-	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
+	err := g.claimGuarded(ctx, p, ev, func(ctx context.Context, q *db.Queries) error {
 		var err error
 		row, err = q.ClaimEvent(ctx, db.ClaimEventParams{
 			Source:      ev.Source,

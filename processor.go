@@ -396,9 +396,12 @@ func errorText(err error) string {
 	return string(out)
 }
 
+// isLockTimeout reports whether err is a bounded wait that ran out, which
+// means in flight: a lock wait past lock_timeout (55P03), or a statement
+// cancelled (57014) by a session statement_timeout shorter than LockTimeout.
 func isLockTimeout(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == "55P03"
+	return ok && (pgErr.Code == "55P03" || pgErr.Code == "57014")
 }
 
 // untilLeaseEnds is the Retry-After for a key held by a lease.

@@ -9,36 +9,6 @@ import (
 	"context"
 )
 
-const findPayloadHash = `-- name: FindPayloadHash :one
-SELECT event_key FROM txhook_processed_events
-WHERE source = $1
-  AND payload_hash = $2
-  AND event_key <> $3
-  AND created_at > now() - make_interval(secs => $4::double precision)
-LIMIT 1
-`
-
-type FindPayloadHashParams struct {
-	Source        string
-	PayloadHash   []byte
-	EventKey      string
-	WindowSeconds float64
-}
-
-// The replay guard's lookup: another key of the same source whose signed body had the same hash,
-// recorded within the window. Served by txhook_processed_events_payload_hash_idx.
-func (q *Queries) FindPayloadHash(ctx context.Context, arg FindPayloadHashParams) (string, error) {
-	row := q.db.QueryRow(ctx, findPayloadHash,
-		arg.Source,
-		arg.PayloadHash,
-		arg.EventKey,
-		arg.WindowSeconds,
-	)
-	var event_key string
-	err := row.Scan(&event_key)
-	return event_key, err
-}
-
 const lockAndFindPayloadHash = `-- name: LockAndFindPayloadHash :one
 SELECT coalesce(txhook_find_replay(
     $1::text,
@@ -57,8 +27,9 @@ type LockAndFindPayloadHashParams struct {
 	LockTimeout   string
 }
 
-// The replay guard's check inside the delivery's own transaction; see txhook_find_replay in
-// migrations. Returns ” when no other key has the hash.
+// The replay guard's check, in the transaction that records the delivery (or claims it, or holds
+// the guard's lock while another route runs); see txhook_find_replay in migrations. Returns ”
+// when no other key has the hash.
 func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPayloadHashParams) (string, error) {
 	row := q.db.QueryRow(ctx, lockAndFindPayloadHash,
 		arg.Source,

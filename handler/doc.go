@@ -42,11 +42,13 @@
 //	handler returned txhook.Permanent(err)       200 {"status":"failed"} (recorded for replay)
 //	no route for the type                        200 {"status":"ignored"}
 //	GitHub ping                                  200 {"status":"ping"}
+//	(with the replay guard on, ignored and ping deliveries are recorded)
 //	in flight elsewhere                          409 (or 503, Config.InFlightStatus) + Retry-After
 //	bad or missing signature                     400 {"error":"bad_signature",...}
 //	stale or missing signed timestamp            400 {"error":"stale_timestamp",...}
 //	malformed body, missing or invalid key       400 {"error":"bad_request",...}
 //	body over Config.MaxBodyBytes                413
+//	body not received within BodyReadTimeout     400
 //	method other than POST                       405 + Allow: POST
 //	handler error                                500
 //	database unreachable, commit outcome unknown 503
@@ -71,27 +73,38 @@
 // processing modes plug in without changing the endpoint. TxHandler looks up
 // the transactional handler of a type, for replaying recorded events.
 //
+// # Unsigned bodies
+//
+// A body is read before its signature can be checked. The endpoint bounds
+// what that costs: a limit per provider from the sender's documented maximum
+// (Config.MaxBodyBytes: 25 MiB for GitHub, 4 MiB for Shopify, 1 MiB
+// otherwise), one buffer of the declared length, and a read deadline set
+// with http.ResponseController (Config.BodyReadTimeout, 15s). Serve it with
+// an http.Server whose ReadHeaderTimeout, ReadTimeout, WriteTimeout and
+// IdleTimeout are set.
+//
 // # Replay guard
 //
-// GitHub and Shopify sign neither their delivery ids nor a timestamp: a
-// captured body and signature, replayed with a fresh id header, would pass
-// dedupe. With the guard on (the default for those providers, see
-// Config.ReplayGuard) the endpoint stores the SHA-256 of the signed body
-// with the event, and a body already recorded under another key of the same
-// source within Config.ReplayWindow is answered 200 as a duplicate
-// ("replay"), with nothing run, and logged as a suspected replay.
+// GitHub and Shopify sign neither their delivery ids, nor their event type
+// header, nor a timestamp: a captured body and signature, replayed with a
+// fresh id header (and perhaps another type), would pass dedupe. With the
+// guard on (the default for those providers, see Config.ReplayGuard) the
+// endpoint stores a SHA-256 of each verified delivery's identity with the
+// event, also for deliveries answered ignored or ping, and a delivery whose
+// identity was already recorded under another key of the same source within
+// Config.ReplayWindow is answered 200 as a duplicate ("replay"), with nothing
+// run, and logged as a suspected replay. The identity is the body alone,
+// since GitHub's bodies differ by event; for providers implementing
+// SharedBodies (Shopify, whose topics can share a body) it is the type and
+// the body.
 //
-// For Tx routes the check is one statement inside the delivery's own
-// transaction, after its key is inserted: it takes a transaction-level
-// advisory lock on (source, body hash), then looks for another key with
-// that hash (an indexed lookup). Concurrent deliveries of one body under
-// different keys therefore run the check one after another, and each sees
-// the rows of those that committed before it (under READ COMMITTED, the
-// default; at stricter isolation levels the lookup's snapshot predates the
-// wait and only earlier commits are seen). A delivery waiting on the lock
-// waits for the first one's handler to finish. For other routes the same
-// lookup runs before the route, without the lock (it needs Config.DB), and
-// sees committed events only.
+// The check is race-free on every route (txhook.ReplayGuard): deliveries of
+// one identity take a transaction-level advisory lock in turn and each sees
+// the rows of those before it. For Tx routes it runs inside the delivery's
+// own transaction, after its key is inserted; for Lease routes inside the
+// claim's transaction; any other route runs while the guard holds the lock
+// in a transaction of its own on Config.DB. A wait past
+// Config.ReplayLockTimeout is answered in flight.
 //
 // # Observability
 //

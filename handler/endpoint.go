@@ -2,33 +2,34 @@ package handler
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txhook/txhook"
-	"github.com/txhook/txhook/db"
 )
 
-// DefaultMaxBodyBytes is the default body limit: 32 MiB, above GitHub's
-// 25 MB payload cap.
-const DefaultMaxBodyBytes = 32 << 20
+// DefaultMaxBodyBytes is the body limit of providers whose senders document
+// no larger payloads (see Config.MaxBodyBytes): 1 MiB.
+const DefaultMaxBodyBytes = 1 << 20
+
+// DefaultBodyReadTimeout bounds reading a delivery's body unless
+// Config.BodyReadTimeout says otherwise: 15s, the longest response timeout
+// of the common senders (Standard Webhooks / Svix; GitHub allows 10s,
+// Shopify 5s), after which the sender has given up on the delivery anyway.
+const DefaultBodyReadTimeout = 15 * time.Second
 
 // DefaultReplayWindow is how far back the replay guard looks by default: the
-// default retention of the events table.
-const DefaultReplayWindow = 14 * 24 * time.Hour
+// default retention of the events table (txhook.DefaultRetention).
+const DefaultReplayWindow = txhook.DefaultRetention
 
 // ReplayGuard selects whether an endpoint checks for replayed bodies.
 type ReplayGuard int
@@ -59,31 +60,51 @@ type Config struct {
 	// Fallback, if set, handles every type that Routes lacks.
 	Fallback Route
 	// MaxBodyBytes is the largest accepted body; larger ones are answered
-	// 413. Defaults to DefaultMaxBodyBytes.
+	// 413. A body is read before its signature can be checked, into one
+	// buffer of its declared length (growing up to this limit when no
+	// length is declared), so the limit bounds what an unsigned request
+	// costs. Defaults to the provider's documented maximum, with room:
+	// 25 MiB for GitHub (its payloads are capped at 25 MB), 4 MiB for
+	// Shopify (no documented cap; its bodies can exceed a megabyte), and
+	// DefaultMaxBodyBytes for the others (Stripe documents no cap; the
+	// Standard Webhooks specification recommends payloads under 20 kB).
 	MaxBodyBytes int64
+	// BodyReadTimeout bounds reading the body: the endpoint sets the
+	// connection's read deadline (http.ResponseController) before it
+	// reads, and a body not received in time is answered 400 and its
+	// connection closed. It complements, and does not replace, the
+	// server's ReadHeaderTimeout, ReadTimeout and WriteTimeout. Defaults
+	// to DefaultBodyReadTimeout; a negative value sets no deadline.
+	BodyReadTimeout time.Duration
 	// InFlightStatus answers a delivery whose key another delivery holds:
 	// http.StatusConflict or http.StatusServiceUnavailable, always with
 	// Retry-After. Defaults to http.StatusConflict.
 	InFlightStatus int
 	// ReplayGuard selects the replay guard. The guard hashes the signed body
-	// (SHA-256, stored with the event) and answers a delivery whose body was
-	// already recorded under another key of this source within ReplayWindow
-	// as a duplicate, logging a suspected replay. Defaults to
+	// (SHA-256; with the type too for providers whose bodies can repeat
+	// across types, see SharedBodies), stores the hash with the event, and
+	// answers a delivery whose hash was already recorded under another key
+	// of this source within ReplayWindow as a replay, logging a suspected
+	// replay. With the guard on, deliveries answered ignored or ping are
+	// recorded too (key and hash, nothing else runs), so that their bodies
+	// cannot be replayed later under a routed type. Defaults to
 	// ReplayGuardAuto.
 	ReplayGuard ReplayGuard
-	// ReplayWindow is how far back the guard looks. Defaults to
-	// DefaultReplayWindow.
+	// ReplayWindow is how far back the guard looks. Pruning shortens it in
+	// effect to the prune retention (see txhook.PrunerConfig.ReplayWindow).
+	// Defaults to DefaultReplayWindow.
 	ReplayWindow time.Duration
-	// ReplayLockTimeout bounds how long a Tx route's guard check waits for
-	// a concurrent delivery of the same body under another key to finish;
-	// past it the delivery is answered in flight. Defaults to 2s.
+	// ReplayLockTimeout bounds how long the guard waits for a concurrent
+	// delivery of the same body under another key to finish; past it the
+	// delivery is answered in flight. Defaults to 2s.
 	ReplayLockTimeout time.Duration
 	// DB is the database the processor uses (usually the same
 	// *pgxpool.Pool). The replay guard checks Tx routes inside their own
-	// transaction, and needs DB only to check other routes before they run:
-	// it is required when the guard is on and a route or the fallback is
-	// not a Tx route.
-	DB txhook.Querier
+	// transaction and lease routes inside their claim; a route of any
+	// other kind runs while the guard holds its lock in a transaction of
+	// its own on DB, so DB is required when the guard is on and a route or
+	// the fallback is neither a Tx nor a Lease route.
+	DB txhook.Beginner
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Observer, if set, receives a Report per delivery (for metrics).
@@ -99,20 +120,18 @@ type Config struct {
 // never 2xx unless the event's effects are committed (or it duplicates a
 // committed event). It is safe for concurrent use.
 type Endpoint struct {
-	proc      *txhook.Processor
-	source    string
-	provider  Provider
-	routes    map[string]Route
-	fallback  Route
-	maxBody   int64
-	inFlight  int
-	guard     bool
-	window    float64
-	guardWait string // lock_timeout of the replay guard's check
-	queries   *db.Queries
-	log       *slog.Logger
-	observer  Observer
-	now       func() time.Time
+	proc     *txhook.Processor
+	source   string
+	provider Provider
+	routes   map[string]Route
+	fallback Route
+	maxBody  int64
+	readWait time.Duration // Config.BodyReadTimeout; <= 0: none
+	inFlight int
+	guard    *guard // nil when the replay guard is off
+	log      *slog.Logger
+	observer Observer
+	now      func() time.Time
 }
 
 // New returns an Endpoint applying events through p.
@@ -142,7 +161,10 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		return nil, errors.New("handler: new endpoint: negative limit in config")
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
+		c.MaxBodyBytes = defaultMaxBody(c.Provider)
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	switch c.InFlightStatus {
 	case 0:
@@ -157,40 +179,38 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	if c.ReplayLockTimeout == 0 {
 		c.ReplayLockTimeout = 2 * time.Second
 	}
-	guard := false
+	guarded := false
 	switch c.ReplayGuard {
 	case ReplayGuardAuto:
 		if ku, ok := c.Provider.(KeyUnsigned); ok {
-			guard = ku.KeyUnsigned()
+			guarded = ku.KeyUnsigned()
 		}
 	case ReplayGuardOn:
-		guard = true
+		guarded = true
 	case ReplayGuardOff:
 	default:
 		return nil, fmt.Errorf("handler: new endpoint: unknown ReplayGuard %d", c.ReplayGuard)
 	}
 	routes := make(map[string]Route, len(c.Routes))
-	allTx := true
 	for t, r := range c.Routes {
 		if r == nil {
 			return nil, fmt.Errorf("handler: new endpoint: nil route for type %q", t)
 		}
-		tr, ok := r.(*TxRoute)
-		if ok && tr.Handler == nil {
+		if tr, ok := r.(*TxRoute); ok && tr.Handler == nil {
 			return nil, fmt.Errorf("handler: new endpoint: nil handler for type %q", t)
 		}
-		allTx = allTx && ok
 		routes[t] = r
 	}
-	if c.Fallback != nil {
-		tr, ok := c.Fallback.(*TxRoute)
-		if ok && tr.Handler == nil {
-			return nil, errors.New("handler: new endpoint: nil fallback handler")
-		}
-		allTx = allTx && ok
+	if tr, ok := c.Fallback.(*TxRoute); ok && tr.Handler == nil {
+		return nil, errors.New("handler: new endpoint: nil fallback handler")
 	}
-	if guard && !allTx && c.DB == nil {
-		return nil, errors.New("handler: new endpoint: the replay guard needs Config.DB for routes that are not Tx routes (or set ReplayGuard: ReplayGuardOff)")
+	var g *guard
+	if guarded {
+		var err error
+		g, err = newGuard(&c, routes)
+		if err != nil {
+			return nil, fmt.Errorf("handler: new endpoint: %w", err)
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -199,22 +219,18 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		c.Now = time.Now
 	}
 	e := &Endpoint{
-		proc:      p,
-		source:    c.Source,
-		provider:  c.Provider,
-		routes:    routes,
-		fallback:  c.Fallback,
-		maxBody:   c.MaxBodyBytes,
-		inFlight:  c.InFlightStatus,
-		guard:     guard,
-		window:    c.ReplayWindow.Seconds(),
-		guardWait: fmt.Sprintf("%dms", max(c.ReplayLockTimeout.Milliseconds(), 1)),
-		log:       c.Logger,
-		observer:  c.Observer,
-		now:       c.Now,
-	}
-	if guard && c.DB != nil {
-		e.queries = db.New(c.DB)
+		proc:     p,
+		source:   c.Source,
+		provider: c.Provider,
+		routes:   routes,
+		fallback: c.Fallback,
+		maxBody:  c.MaxBodyBytes,
+		readWait: c.BodyReadTimeout,
+		inFlight: c.InFlightStatus,
+		guard:    g,
+		log:      c.Logger,
+		observer: c.Observer,
+		now:      c.Now,
 	}
 	return e, nil
 }
@@ -284,7 +300,12 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	if r.ContentLength > e.maxBody {
 		return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.maxBody))
+	if e.readWait > 0 {
+		// Not every ResponseWriter can (a test recorder): then the server's
+		// own timeouts are the only bound.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(e.readWait))
+	}
+	body, err := readBody(http.MaxBytesReader(w, r.Body, e.maxBody), r.ContentLength, e.maxBody)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge, err: err}
@@ -301,104 +322,47 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	if err != nil {
 		return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
 	}
-	if d.Ping {
-		return answer{outcome: OutcomePing, status: http.StatusOK}
-	}
+	quiet := OutcomePing // answered 200 without running a route
 	route, ok := e.Route(d.Type)
-	if !ok {
-		return answer{outcome: OutcomeIgnored, status: http.StatusOK}
+	switch {
+	case d.Ping:
+	case !ok:
+		quiet = OutcomeIgnored
+	default:
+		quiet = ""
+	}
+	if quiet != "" && e.guard == nil {
+		return answer{outcome: quiet, status: http.StatusOK}
 	}
 	ev := txhook.Event{Source: e.source, Key: d.Key, Type: d.Type, Payload: body}
-	ctx := r.Context()
-	if e.guard {
-		sum := sha256.Sum256(body)
-		ev.PayloadHash = sum[:]
-		if tr, ok := route.(*TxRoute); ok {
-			route = Tx(e.guardTx(tr.Handler))
-		} else if a, done := e.checkReplay(ctx, ev); done {
-			return a
-		}
+	if e.guard != nil {
+		ev.PayloadHash = e.guard.hash(d.Type, body)
+		route = e.guard.route(d.Type, quiet != "")
 	}
+	ctx := r.Context()
 	res, err := route.Apply(ctx, e.proc, ev)
-	if re, ok := errors.AsType[*replayError](err); ok {
-		e.logReplay(ctx, ev, re.original)
+	if re, ok := errors.AsType[*txhook.ReplayError](err); ok {
+		e.logReplay(ctx, ev, re.Key)
 		return answer{outcome: OutcomeReplay, status: http.StatusOK}
 	}
-	if errors.Is(err, errGuardBusy) {
+	if errors.Is(err, txhook.ErrReplayInFlight) {
 		// Another delivery of the same body holds the guard's lock.
 		return e.mapResult(txhook.Result{Outcome: txhook.OutcomeInFlight, RetryAfter: guardRetryAfter}, nil)
 	}
-	return e.mapResult(res, err)
-}
-
-// replayError is returned by a guarded handler that found the delivery's
-// body recorded under another key; its transaction rolls back.
-type replayError struct{ original string }
-
-func (e *replayError) Error() string { return "replayed body of event " + e.original }
-
-// errGuardBusy is returned by a guarded handler that gave up waiting for a
-// concurrent delivery of the same body; its transaction rolls back.
-var errGuardBusy = errors.New("replay guard: a delivery of the same body is in flight")
-
-// guardRetryAfter is the Retry-After answered with errGuardBusy.
-const guardRetryAfter = 2 * time.Second
-
-// guardTx wraps a transactional handler with the replay guard's check, run
-// in the transaction that has just inserted the delivery's key and hash.
-// The check serialises deliveries of the same body on an advisory lock, so
-// of two concurrent deliveries under different keys only the first to
-// commit runs its handler (under READ COMMITTED, the default).
-func (e *Endpoint) guardTx(h txhook.HandlerFunc) txhook.HandlerFunc {
-	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-		other, err := db.New(tx).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
-			Source:        ev.Source,
-			PayloadHash:   ev.PayloadHash,
-			EventKey:      ev.Key,
-			WindowSeconds: e.window,
-			LockTimeout:   e.guardWait,
-		})
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55P03" {
-			return errGuardBusy
-		}
-		if err != nil {
-			return fmt.Errorf("check replay: %w", err)
-		}
-		if other != "" {
-			return &replayError{original: other}
-		}
-		return h(ctx, tx, ev)
+	a := e.mapResult(res, err)
+	if quiet != "" && a.outcome == OutcomeProcessed {
+		a.outcome = quiet // recorded for the guard; nothing else ran
 	}
+	return a
 }
+
+// guardRetryAfter is the Retry-After answered with txhook.ErrReplayInFlight.
+const guardRetryAfter = 2 * time.Second
 
 func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original string) {
 	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
 		slog.String("source", ev.Source), slog.String("key", ev.Key), slog.String("type", ev.Type),
 		slog.String("original_key", original))
-}
-
-// checkReplay answers a delivery whose body hash is already recorded under
-// another key, for routes that are not Tx routes: one indexed lookup before
-// processing, which sees committed events only.
-func (e *Endpoint) checkReplay(ctx context.Context, ev txhook.Event) (answer, bool) {
-	if !utf8.ValidString(ev.Key) || strings.IndexByte(ev.Key, 0) >= 0 {
-		// Not storable as text: Process rejects it with ErrInvalidEvent.
-		return answer{}, false
-	}
-	other, err := e.queries.FindPayloadHash(ctx, db.FindPayloadHashParams{
-		Source:        ev.Source,
-		PayloadHash:   ev.PayloadHash,
-		EventKey:      ev.Key,
-		WindowSeconds: e.window,
-	})
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return answer{}, false
-	case err != nil:
-		return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, err: fmt.Errorf("check replay: %w", err)}, true
-	}
-	e.logReplay(ctx, ev, other)
-	return answer{outcome: OutcomeReplay, status: http.StatusOK}, true
 }
 
 func (e *Endpoint) mapResult(res txhook.Result, err error) answer {

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
-	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/handler"
 )
 
@@ -216,12 +215,12 @@ func TestLeaseRoutePermanent(t *testing.T) {
 	e.post(p, body).want(t, http.StatusOK, "status", "failed")
 	e.post(p, body).want(t, http.StatusOK, "status", "duplicate")
 	e.wantCounts(1, 0)
-	row, err := db.New(e.pool).GetEvent(t.Context(), db.GetEventParams{Source: "stripe", EventKey: "evt_lease_perm"})
+	row, err := txhook.GetEventRecord(t.Context(), e.pool, "stripe", "evt_lease_perm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if row.Status != "failed" || !strings.Contains(row.LastError.String, "unknown customer") {
-		t.Errorf("row: status %s, last error %q; want failed with the error", row.Status, row.LastError.String)
+	if row.Status != "failed" || !strings.Contains(row.LastError, "unknown customer") {
+		t.Errorf("row: status %s, last error %q; want failed with the error", row.Status, row.LastError)
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("work ran %d times, want 1", n)

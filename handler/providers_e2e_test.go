@@ -97,7 +97,9 @@ func TestGitHubPing(t *testing.T) {
 	e := newEnv(t, handler.Config{Source: "github", Provider: p}, nil)
 	e.post(p, `{"zen":"Keep it logically awesome.","hook_id":1}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
 		want(t, 200, "status", "ping")
-	e.wantCounts(0, 0)
+	// With the replay guard on (GitHub's default), the ping's key and body
+	// hash are recorded; nothing else runs.
+	e.wantCounts(1, 0)
 	// A ping is still verified.
 	e.post(&handler.GitHub{Secrets: []string{"other"}}, `{}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
 		want(t, 400, "error", "bad_signature")
@@ -396,8 +398,8 @@ func TestReplayGuardConcurrent(t *testing.T) {
 	e.wantCounts(1, 1)
 }
 
-// TestDefaultBodyLimit: the default limit takes a body at GitHub's 25 MB
-// cap and refuses one past the limit.
+// TestDefaultBodyLimit: GitHub's default limit takes a body at its 25 MB
+// cap and refuses one past the limit (25 MiB).
 func TestDefaultBodyLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends 57 MB")
@@ -407,7 +409,7 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, nil)
 	big := `{"pad":"` + strings.Repeat("x", 25_000_000-10) + `"}`
 	e.post(gh, big, "X-GitHub-Delivery", "d-big", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
-	huge := big + strings.Repeat(" ", handler.DefaultMaxBodyBytes-len(big)+1)
+	huge := big + strings.Repeat(" ", 25<<20-len(big)+1)
 	e.post(gh, huge, "X-GitHub-Delivery", "d-huge", "X-GitHub-Event", "push").want(t, 413, "error", "too_large")
 	e.wantCounts(1, 1)
 }

@@ -36,6 +36,11 @@ func (s *Shopify) Validate() error { return nonEmpty(s.Secrets) }
 // KeyUnsigned reports true: Shopify's id headers are not signed.
 func (s *Shopify) KeyUnsigned() bool { return true }
 
+// SharedBodies reports true: Shopify can send one change under several
+// topics (products/create and products/update) with byte-identical bodies,
+// so the replay guard tells Shopify deliveries apart by topic and body.
+func (s *Shopify) SharedBodies() bool { return true }
+
 // Verify implements Provider.
 func (s *Shopify) Verify(header http.Header, body []byte, _ time.Time) error {
 	h := strings.TrimSpace(header.Get(ShopifyHMACHeader))

@@ -3,13 +3,16 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // parseAge parses a non-negative duration: a Go duration ("36h", "90m"), a
-// number of days ("14d"), or days followed by a Go duration ("1d12h").
+// number of days ("14d"), or days followed by a Go duration ("1d12h"). A sum
+// past the largest time.Duration (about 292 years) is refused, not wrapped
+// round to a negative value.
 func parseAge(s string) (time.Duration, error) {
 	orig := s
 	var d time.Duration
@@ -27,6 +30,9 @@ func parseAge(s string) (time.Duration, error) {
 	rest, err := time.ParseDuration(s)
 	if err != nil || rest < 0 {
 		return 0, fmt.Errorf("invalid duration %q: want e.g. 14d, 36h or 1d12h", orig)
+	}
+	if rest > math.MaxInt64-d {
+		return 0, fmt.Errorf("invalid duration %q: longer than %v", orig, time.Duration(math.MaxInt64))
 	}
 	return d + rest, nil
 }

@@ -327,8 +327,28 @@ func TestPrune(t *testing.T) {
 		t.Errorf("after prune: %d rows left, want 7", count(t, d.Pool, "true"))
 	}
 
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--older-than", "7d"}, true},
+		{[]string{"--older-than", "7d", "--replay-window", "0"}, false},
+		{[]string{"--older-than", "20d", "--replay-window", "30d"}, true},
+		{[]string{"--older-than", "30d", "--replay-window", "30d"}, false},
+	} {
+		args := append([]string{"--database-url", d.URL, "prune", "--dry-run"}, tc.args...)
+		code, _, errOut := txhookCLI(t, args...)
+		if code != 0 || strings.Contains(errOut, "shorter than the replay window") != tc.warn {
+			t.Errorf("prune %v: exit %d, stderr %q; want a replay window warning: %v", tc.args, code, errOut, tc.warn)
+		}
+	}
+	if code, _, errOut := txhookCLI(t, "--database-url", d.URL, "prune", "--replay-window", "36500d2562047h"); code != 2 || !strings.Contains(errOut, "--replay-window") {
+		t.Errorf("prune with an overflowing --replay-window: exit %d, stderr %q", code, errOut)
+	}
+
 	code, out, errOut = txhookCLI(t, "--database-url", d.URL, "prune", "--older-than", "12h", "--include-failed")
-	if code != 0 || !strings.HasPrefix(out, "deleted 5 done and failed events") || !strings.Contains(errOut, "warning: a retention of 12h0m0s is shorter") {
+	if code != 0 || !strings.HasPrefix(out, "deleted 5 done and failed events") || !strings.Contains(errOut, "warning: a retention of 12h0m0s is shorter") ||
+		!strings.Contains(errOut, "shorter than the replay window of 336h0m0s") {
 		t.Errorf("prune --older-than 12h: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := count(t, d.Pool, "status = 'in_progress'"); n != 2 || count(t, d.Pool, "true") != 2 {
@@ -340,12 +360,15 @@ func TestParseAge(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]time.Duration{
 		"14d": 14 * 24 * time.Hour, "36h": 36 * time.Hour, "1d12h": 36 * time.Hour, "90m": 90 * time.Minute, "0d": 0,
+		"36500d": 36500 * 24 * time.Hour, "2562047h": 2562047 * time.Hour,
 	} {
 		if got, err := parseAge(in); err != nil || got != want {
 			t.Errorf("parseAge(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "d", "-1d", "-3h", "1d-3h", "14 days", "1.5d", "99999999d"} {
+	for _, in := range []string{"", "d", "-1d", "-3h", "1d-3h", "14 days", "1.5d", "99999999d",
+		// Each part fits a time.Duration; their sum does not.
+		"36500d2562047h", "1d2562047h", "36500d9223372036854775807ns"} {
 		if got, err := parseAge(in); err == nil {
 			t.Errorf("parseAge(%q) = %v, want an error", in, got)
 		}
@@ -359,6 +382,10 @@ func TestParseAge(t *testing.T) {
 		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
 			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
 		}
+	}
+	// An overflowing age would put --since in the future and list nothing.
+	if got, err := parseSince("36500d2562047h", now); err == nil {
+		t.Errorf("parseSince(36500d2562047h) = %v, want an error", got)
 	}
 }
 
@@ -375,7 +402,7 @@ func TestPruneWhileAnotherPrunerRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := txhookCLI(t, "--database-url", d.URL, "prune")
-	if code != 0 || !strings.HasPrefix(out, "deleted 0 done events") || !strings.Contains(errOut, "another pruner holds the pruning lock") {
+	if code != 0 || out != "deleted 0 done events\n" || !strings.Contains(errOut, "another pruner holds the pruning lock") {
 		t.Errorf("prune while locked: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := count(t, d.Pool, "true"); n != 3 {

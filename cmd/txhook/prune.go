@@ -16,8 +16,9 @@ import (
 const minSafeRetention = 3 * 24 * time.Hour
 
 func runPrune(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("prune", "prune [--older-than DURATION] [--batch N] [--include-failed] [--dry-run]")
+	fs := c.newFlags("prune", "prune [--older-than DURATION] [--replay-window DURATION] [--batch N] [--include-failed] [--dry-run]")
 	olderThan := fs.String("older-than", "14d", "delete events completed longer ago than this: 14d, 36h, 1d12h")
+	replayWindow := fs.String("replay-window", "14d", "the longest replay window of the guarded endpoints (GitHub, Shopify); 0 if none")
 	batch := fs.Int("batch", txhook.DefaultPruneBatchSize, "rows deleted per transaction")
 	includeFailed := fs.Bool("include-failed", false, "delete failed events (dead letters) too")
 	dryRun := fs.Bool("dry-run", false, "count the events that would be deleted; delete nothing")
@@ -35,11 +36,18 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	if age == 0 {
 		return usagef("--older-than must be more than 0")
 	}
+	window, err := parseAge(*replayWindow)
+	if err != nil {
+		return usagef("--replay-window: %v", err)
+	}
 	if *batch < 1 || *batch > 1_000_000 {
 		return usagef("--batch must be between 1 and 1000000")
 	}
 	if age < minSafeRetention {
 		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the providers' retry and redelivery windows (3 days for Stripe and GitHub); a pruned event that is delivered again is processed again\n", age)
+	}
+	if age < window {
+		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the replay window of %v: the replay guard of GitHub and Shopify endpoints forgets a body once its row is pruned; pass --replay-window with the longest window of your guarded endpoints (0 if none)\n", age, window)
 	}
 	conn, err := c.connect(ctx)
 	if err != nil {
@@ -83,6 +91,11 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	}
 	if res.Locked {
 		fmt.Fprintf(c.stderr, "txhook prune: another pruner holds the pruning lock and is deleting; stopped after %d rows\n", res.Deleted)
+	}
+	if res.Cutoff.IsZero() {
+		// The lock was held before this run read its cutoff.
+		fmt.Fprintf(c.stdout, "deleted 0 %s\n", what)
+		return nil
 	}
 	fmt.Fprintf(c.stdout, "deleted %d %s completed before %s in %d batches (%s, %.0f rows/s)\n",
 		res.Deleted, what, formatTime(res.Cutoff), res.Batches, elapsed.Round(time.Millisecond), rate(res.Deleted, elapsed))

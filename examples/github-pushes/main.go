@@ -140,7 +140,17 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Bound every phase of a connection: an unsigned request costs memory
+	// and a connection until it is answered. WriteTimeout runs from the end
+	// of the headers to the end of the answer, so it must exceed the
+	// slowest delivery (GitHub itself waits 10s).
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
 	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/github")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -197,7 +207,6 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		Routes: map[string]handler.Route{
 			"push": handler.Tx(txhook.WithQueries(pushesdb.New, push)),
 		},
-		DB:     pool, // the replay guard reads recorded body hashes
 		Logger: log,
 	})
 	if err != nil {

@@ -76,9 +76,16 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
+	// Bound every phase of a connection: an unsigned request costs memory
+	// and a connection until it is answered. WriteTimeout runs from the end
+	// of the headers to the end of the answer, so it must exceed the
+	// slowest delivery: the fulfillment route's lease.
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      fulfillmentLease + 15*time.Second,
+		IdleTimeout:       2 * time.Minute,
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/stripe")
 	errc := make(chan error, 1)

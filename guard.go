@@ -1,0 +1,167 @@
+package txhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/engine"
+)
+
+// defaultReplayLockTimeout is ReplayGuard.LockTimeout's default.
+const defaultReplayLockTimeout = 2 * time.Second
+
+// ErrReplayInFlight is matched by the error of a delivery that gave up
+// waiting, past ReplayGuard.LockTimeout, for another delivery of the same
+// body to finish. Nothing ran or was written: the sender should retry later.
+var ErrReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
+
+// ReplayError reports that an event's PayloadHash is already recorded under
+// another key of its source within the guard's window: the delivery replays
+// a body delivered before, under a new key. Nothing of the delivery ran or
+// was written.
+type ReplayError struct {
+	// Key is the other key recorded with the same hash.
+	Key string
+}
+
+// Error names the key the body was first recorded under.
+func (e *ReplayError) Error() string {
+	return "txhook: body already recorded under event key " + e.Key
+}
+
+// ReplayGuard checks deliveries for a body replayed under a new key. Senders
+// whose event keys are not signed (GitHub's X-GitHub-Delivery, Shopify's
+// X-Shopify-Event-Id) let a captured body and signature pass dedupe again
+// under a fresh key header; the guard catches that by Event.PayloadHash, a
+// digest of the signed body that the caller computes and that is stored with
+// the event's key.
+//
+// The check takes a transaction-level advisory lock on (source, hash), so
+// that deliveries of one hash are checked one after another, then looks for
+// another key of the source recorded with that hash within Window. The lock
+// is held until the delivery's own row is committed (or the delivery ends),
+// and the lookup, in a statement of its own, sees what committed while it
+// waited: at READ COMMITTED, which Lease and Run use; Handler runs in
+// Process's transaction, at the processor's isolation level, where a
+// stricter level sees only what committed before the transaction began. An
+// event without a PayloadHash is not checked. The zero value is ready to
+// use.
+type ReplayGuard struct {
+	// Window is how far back the guard looks. Pruning keeps rows for the
+	// prune retention only, so a Window longer than the retention is
+	// shortened to it in effect (see PrunerConfig.ReplayWindow). Defaults
+	// to DefaultRetention, so that the guard remembers every body whose
+	// row default pruning keeps.
+	Window time.Duration
+	// LockTimeout bounds the wait for another delivery of the same hash;
+	// past it the delivery fails with ErrReplayInFlight. Defaults to 2s.
+	LockTimeout time.Duration
+}
+
+// Handler returns h with the guard's check in front: for Process, whose
+// transaction has already recorded the event's key and hash when h runs, so
+// the lock is held until that transaction ends. A replayed body makes the
+// handler fail with a *ReplayError, and a wait past LockTimeout with
+// ErrReplayInFlight; Process then rolls back and returns that error
+// wrapped.
+func (g ReplayGuard) Handler(h HandlerFunc) HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
+		if err := g.check(ctx, tx, ev); err != nil {
+			return err
+		}
+		return h(ctx, tx, ev)
+	}
+}
+
+// Lease returns h with the guard's check inside its claim: ProcessLease then
+// takes the guard's lock, looks for the hash and claims the key in one
+// transaction, so the claim (and with it the hash) is committed before the
+// next delivery of the same body is checked. A replayed body makes
+// ProcessLease return an error wrapping a *ReplayError, with nothing claimed
+// and Work not run; a wait past LockTimeout is answered OutcomeInFlight.
+func (g ReplayGuard) Lease(h LeaseHandler) LeaseHandler {
+	h.guard = &g
+	return h
+}
+
+// Run runs fn while holding the guard's lock for ev, after checking ev, in
+// a transaction of its own on d: for deliveries applied by code that records
+// ev (with its PayloadHash) before it returns, through Process,
+// ProcessLease or anything else, outside the guard's reach. The lock, and
+// the connection it holds, are kept until fn returns. A replayed body
+// returns a *ReplayError and a wait past LockTimeout ErrReplayInFlight,
+// without running fn; otherwise Run returns fn's error.
+func (g ReplayGuard) Run(ctx context.Context, d Beginner, ev Event, fn func(ctx context.Context) error) error {
+	if len(ev.PayloadHash) == 0 {
+		return fn(ctx)
+	}
+	checked := false
+	err := RunTx(ctx, d, &TxOptions{IsoLevel: pgx.ReadCommitted, MaxAttempts: 1}, func(ctx context.Context, tx pgx.Tx) error {
+		if err := g.check(ctx, tx, ev); err != nil {
+			return err
+		}
+		checked = true
+		return fn(ctx)
+	})
+	if err != nil && !checked && !errors.Is(err, ErrReplayInFlight) {
+		if _, ok := errors.AsType[*ReplayError](err); !ok {
+			return fmt.Errorf("check replay: %w", err)
+		}
+	}
+	return err
+}
+
+// check takes the guard's lock for ev in q's transaction and looks for
+// another key recorded with ev's hash.
+func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
+	if len(ev.PayloadHash) == 0 {
+		return nil
+	}
+	window, wait := g.Window, g.LockTimeout
+	if window <= 0 {
+		window = DefaultRetention
+	}
+	if wait <= 0 {
+		wait = defaultReplayLockTimeout
+	}
+	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
+		Source:        ev.Source,
+		PayloadHash:   ev.PayloadHash,
+		EventKey:      ev.Key,
+		WindowSeconds: window.Seconds(),
+		LockTimeout:   fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
+	})
+	switch {
+	case isLockTimeout(err):
+		return fmt.Errorf("check replay: %w", errors.Join(ErrReplayInFlight, err))
+	case err != nil:
+		return fmt.Errorf("check replay: %w", err)
+	case other != "":
+		return &ReplayError{Key: other}
+	}
+	return nil
+}
+
+// claimGuarded runs fn, lease mode's claim, after g's check in one
+// transaction; with a nil g, or an event without a hash, it is
+// p.autocommit.
+func (g *ReplayGuard) claimGuarded(ctx context.Context, p *Processor, ev Event, fn func(ctx context.Context, q *db.Queries) error) error {
+	if g == nil || len(ev.PayloadHash) == 0 {
+		return p.autocommit(ctx, fn)
+	}
+	o := p.run
+	o.Tx.IsoLevel = pgx.ReadCommitted // the lookup must see what committed while it waited
+	return apiError(engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
+		// A wait past the bound keeps its SQLSTATE, which lease mode
+		// answers as in flight like a wait in the claim itself.
+		if err := g.check(ctx, tx, ev); err != nil {
+			return err
+		}
+		return fn(ctx, db.New(tx))
+	}}))
+}
