@@ -37,9 +37,13 @@
 // first statement joins that first round trip (the handler then starts
 // before its key is known to be new; see the field). Writes a handler sends
 // through Deferred(tx) need no round trip of their own: they travel with its
-// next statement or with COMMIT. A Processor remembers the keys it saw
-// settled (Config.RecentKeys) and answers their redeliveries without a round
-// trip.
+// next statement or with COMMIT. A Processor remembers the keys it saw done
+// (Config.RecentKeys) and answers their redeliveries without a round trip.
+// These hold on every path alike: Process on any database, ProcessTx, lease
+// mode's phase two, the Replayer, RunTx.
+//
+// A database that cannot be used (unreachable, dropped, a closed pool)
+// gives ErrUnavailable; the HTTP endpoint answers it 503 with Retry-After.
 //
 // # Lease mode
 //
@@ -71,4 +75,39 @@
 // Prune and Pruner delete old finished events in bounded batches; the
 // Replayer re-runs failed events; the txhook command (cmd/txhook) operates
 // the events table.
+//
+// # Glossary
+//
+// Each idea has one name, used in the code, its documentation and docs/:
+//
+//   - delivery: one arrival of an event from its sender (a webhook request,
+//     a queue message); an event may be delivered many times.
+//   - event: what the sender reports once (Event), identified by its key.
+//   - key: the sender's stable event id (Event.Key), unique per source.
+//   - source: the receiving endpoint's name; keys are unique per source.
+//   - dedupe step: the statement that records a key in the events table in
+//     the delivery's transaction, and answers new, duplicate or in flight.
+//   - settled: a key whose row is done or failed; a delivery of it is a
+//     duplicate.
+//   - done: settled with its effects committed. failed: settled after a
+//     PermanentError, kept for replay (a dead letter).
+//   - in flight: a key another delivery holds (its transaction has not
+//     ended, or its lease is live); the sender must retry later.
+//   - duplicate filter: the memory of done keys (Config.RecentKeys) and the
+//     status read sent first during a redelivery storm, which answer a
+//     duplicate before any transaction.
+//   - deferred write: a statement queued through Deferred, sent with the
+//     transaction's next statement or its end.
+//   - first statement: the handler's first statement, which
+//     Config.DedupeWithFirstStatement sends with the dedupe step.
+//   - lease: how long a claim holds an event in lease mode.
+//   - claim: a lease-mode delivery's hold on an event (Claim); phase one
+//     runs under it, phase two commits the business writes and the done mark.
+//   - fencing token: the claim's attempt number (Claim.Token); every write
+//     for the claim is conditional on it.
+//   - idempotency key: a deterministic key per event and step
+//     (IdempotencyKey) for the external calls of lease mode.
+//   - replay: running a failed event again from its stored payload
+//     (Replayer, ReplayLease); the replay guard is the handler package's
+//     check for a signed body resent under a new key.
 package txhook

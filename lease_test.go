@@ -768,7 +768,7 @@ func TestLeaseLateCompletionWithoutTakeover(t *testing.T) {
 	}
 }
 
-func TestLeaseWithoutCommitFuncMarksDone(t *testing.T) {
+func TestLeaseWithoutPhaseTwoMarksDone(t *testing.T) {
 	t.Parallel()
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_nocommit")

@@ -147,14 +147,14 @@ type Config struct {
 // A key the Processor saw done recently is answered from memory, with no
 // round trip (Config.RecentKeys).
 type Processor struct {
-	db           Beginner
-	run          engine.Options
-	lockTimeout  string
-	inFlightWait time.Duration
-	maxKeyLen    int
-	storePayload bool
-	withFirst    bool // Config.DedupeWithFirstStatement
-	crash        crasher
+	db              Beginner
+	run             engine.Options
+	lockTimeout     string
+	inFlightWait    time.Duration
+	maxKeyLen       int
+	storePayload    bool
+	dedupeWithFirst bool // Config.DedupeWithFirstStatement
+	crash           crasher
 	// direct runs statements outside any transaction (the filter's read,
 	// lease mode's claim and release); nil when db only begins
 	// transactions: the read is then off and lease mode's statements run
@@ -194,16 +194,16 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	}
 	direct, _ := db.(engine.Querier)
 	return &Processor{
-		db:           db,
-		run:          c.Tx.engine(),
-		lockTimeout:  fmt.Sprintf("%dms", max(c.LockTimeout.Milliseconds(), 1)),
-		inFlightWait: c.InFlightRetryAfter,
-		maxKeyLen:    c.MaxKeyLen,
-		storePayload: c.StorePayload,
-		withFirst:    c.DedupeWithFirstStatement,
-		crash:        newCrasherFromEnv(),
-		direct:       direct,
-		filter:       dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		db:              db,
+		run:             c.Tx.engine(),
+		lockTimeout:     fmt.Sprintf("%dms", max(c.LockTimeout.Milliseconds(), 1)),
+		inFlightWait:    c.InFlightRetryAfter,
+		maxKeyLen:       c.MaxKeyLen,
+		storePayload:    c.StorePayload,
+		dedupeWithFirst: c.DedupeWithFirstStatement,
+		crash:           newCrasherFromEnv(),
+		direct:          direct,
+		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 	}, nil
 }
 
@@ -266,8 +266,8 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 			notNew, err = p.dedupe(ctx, q, ev)
 			return err
 		},
-		WithBody:    p.withFirst,
-		LockTimeout: p.lockTimeout,
+		WithFirstStatement: p.dedupeWithFirst,
+		LockTimeout:        p.lockTimeout,
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			return p.handled(h(ctx, tx, ev))
 		},

@@ -52,7 +52,7 @@ type Duplicates struct {
 //
 // Build the receiver's Processor with ProcessorConfig, so that every
 // redelivery reaches the database: a Processor otherwise answers the
-// redeliveries of a key it processed from its memory of settled keys, and
+// redeliveries of a key it processed from its memory of done keys, and
 // the check would only show that the memory works, not the events table's
 // unique key, which is what guards deliveries to several processes.
 func CheckDuplicates(t testing.TB, d Duplicates) {
@@ -107,7 +107,7 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 }
 
 // ProcessorConfig returns a copy of cfg (nil: the defaults) with the
-// Processor's memory of settled keys turned off (txhook.Config.RecentKeys),
+// Processor's memory of done keys turned off (txhook.Config.RecentKeys),
 // for the receiver under CheckDuplicates.
 func ProcessorConfig(cfg *txhook.Config) *txhook.Config {
 	var c txhook.Config

@@ -9,7 +9,8 @@
 // replay's row lock. The body is the application's handler. Two
 // optimisations live here, for every path alike:
 //   - BEGIN (or SAVEPOINT) travels with the first statement, and the first
-//     step with BEGIN or, with Spec.WithBody, with the body's first statement;
+//     step with BEGIN or, with Spec.WithFirstStatement, with the body's
+//     first statement;
 //   - statements the body defers (Deferred) travel with its next statement
 //     or with the end of the transaction.
 //
@@ -85,15 +86,15 @@ type Spec struct {
 	// Run returns that error (ErrRollback for a stop that is not a
 	// failure). It runs once per attempt, before Body's statements.
 	First func(ctx context.Context, q Querier) error
-	// WithBody sends First's statement together with Body's first
+	// WithFirstStatement sends First's statement together with Body's first
 	// statement, in one round trip, instead of with BEGIN before Body runs.
 	// Body then starts before First has answered; when First stops the
 	// run, Body's statements return ErrNotNew, and what Body returns is
 	// ignored. Body's statements sent before First has answered are bounded
 	// by LockTimeout; later ones run with the session's own setting.
-	WithBody bool
+	WithFirstStatement bool
 	// LockTimeout is the lock_timeout (PostgreSQL's syntax, "2000ms") of
-	// Body's statements sent with First under WithBody.
+	// Body's statements sent with First under WithFirstStatement.
 	LockTimeout string
 	// Body is the application's work, run in the transaction. Its error
 	// rolls back the run and is returned by Run.
@@ -108,8 +109,9 @@ var (
 	// ErrRollback is returned by a first step or a body that wants the
 	// transaction rolled back without a failure; Run returns it as is.
 	ErrRollback = errors.New("txhook: rollback requested")
-	// ErrNotNew is what Body's statements return under Spec.WithBody once
-	// the first step has stopped the run with ErrRollback.
+	// ErrNotNew is what Body's statements return under
+	// Spec.WithFirstStatement once the first step has stopped the run with
+	// ErrRollback.
 	ErrNotNew = errors.New("txhook: event key already committed or in flight; the transaction rolls back")
 	// errTxDone is returned by a transaction used after it ended.
 	errTxDone = fmt.Errorf("txhook: the transaction has ended: %w", pgx.ErrTxClosed)
@@ -161,18 +163,18 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 	if t.Nested() {
 		attempts = 1
 	}
-	withBody := s.WithBody
+	withFirstStatement := s.WithFirstStatement
 	for attempt := 1; ; attempt++ {
-		tx := newTx(t, o.Tx, s.First, withBody, s.LockTimeout)
+		tx := newTx(t, o.Tx, s.First, withFirstStatement, s.LockTimeout)
 		err := runOnce(ctx, tx, o.FinishTimeout, s)
 		if err == nil {
 			return nil
 		}
-		if tx.boundHit && withBody {
+		if tx.boundHit && withFirstStatement {
 			// The key is new, but the body's first statement waited on a
 			// lock longer than the first step's bound: run the attempt again
 			// with the first step on its own, under the session's setting.
-			withBody = false
+			withFirstStatement = false
 			attempt--
 			continue
 		}
@@ -193,7 +195,7 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 			panic(p)
 		}
 	}()
-	if tx.first != nil && !tx.withBody {
+	if tx.first != nil && !tx.withFirstStatement {
 		tx.begin(ctx, nil, 0) // BEGIN and the first step: one round trip
 	}
 	var berr error
@@ -203,7 +205,7 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 			tx.queue = nil // rolled back: nothing deferred needs to run
 		}
 		if tx.first != nil {
-			// Under WithBody, a body that sent nothing: the first step's
+			// Under WithFirstStatement, a body that sent nothing: the first step's
 			// answer still decides.
 			tx.begin(ctx, nil, 0)
 		}

@@ -107,15 +107,16 @@ type Tx struct {
 	// run is set for a run's own transaction, which only the engine ends.
 	run bool
 
-	first    func(ctx context.Context, q Querier) error // nil once sent, or when there is none
-	withBody bool
-	bound    string // the lock_timeout of body statements sent with first
+	first              func(ctx context.Context, q Querier) error // nil once sent, or when there is none
+	withFirstStatement bool
+	bound              string // the lock_timeout of body statements sent with first
 
 	open   bool          // the first batch was sent
 	under  pgx.Tx        // where statements go once open
 	pooled *pgxpool.Conn // the connection acquired from a pool; released at the end
 	queue  []stmt        // deferred statements not sent yet
 	done   bool          // committed or rolled back
+	lost   bool          // the connection was found closed when the transaction ended
 
 	beginErr error // the transaction could not begin
 	firstErr error // the first step stopped the run
@@ -128,8 +129,8 @@ type Tx struct {
 var _ pgx.Tx = (*Tx)(nil)
 
 // newTx returns the transaction of one attempt of a run at t.
-func newTx(t Target, opts pgx.TxOptions, first func(context.Context, Querier) error, withBody bool, bound string) *Tx {
-	tx := &Tx{opts: opts, first: first, withBody: withBody && first != nil, bound: bound, run: true}
+func newTx(t Target, opts pgx.TxOptions, first func(context.Context, Querier) error, withFirstStatement bool, bound string) *Tx {
+	tx := &Tx{opts: opts, first: first, withFirstStatement: withFirstStatement && first != nil, bound: bound, run: true}
 	switch {
 	case t.parent != nil:
 		tx.kind, tx.parent = inSavepoint, t.parent
@@ -462,6 +463,7 @@ func (t *Tx) commit(bctx, cctx context.Context) error {
 			}
 		}
 		defer t.end()
+		t.lost = t.connClosed() // the wrapper may hand its connection back in Commit
 		return t.under.Commit(cctx)
 	}
 	stmts := t.queue
@@ -552,6 +554,9 @@ func (t *Tx) rollback(ctx context.Context) error {
 		return nil
 	}
 	if t.kind != inSavepoint {
+		if t.kind == onTx {
+			t.lost = t.connClosed() // the wrapper may hand its connection back in Rollback
+		}
 		err := t.under.Rollback(ctx)
 		if errors.Is(err, pgx.ErrTxClosed) {
 			return nil // BEGIN failed: nothing to roll back
@@ -565,8 +570,12 @@ func (t *Tx) rollback(ctx context.Context) error {
 }
 
 // end marks the transaction ended and hands its connection back to its
-// pool.
+// pool, noting first whether the connection was lost: once handed back, the
+// connection is another goroutine's.
 func (t *Tx) end() {
+	if !t.done && t.kind != onTx {
+		t.lost = t.connClosed()
+	}
 	t.done, t.queue = true, nil
 	t.releaseConn()
 }
@@ -579,7 +588,11 @@ func (t *Tx) releaseConn() {
 }
 
 // connClosed reports whether the transaction's connection is known closed.
+// Once the transaction has ended, it reports what was found then.
 func (t *Tx) connClosed() bool {
+	if t.done {
+		return t.lost
+	}
 	if t.under == nil {
 		return t.pooled != nil && t.pooled.Conn().IsClosed()
 	}
@@ -612,12 +625,12 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := t.err(); err != nil {
 		return errRow{err}
 	}
-	return &lazyRow{t: t, ctx: ctx, sql: sql, args: args}
+	return &pendingRow{t: t, ctx: ctx, sql: sql, args: args}
 }
 
-// lazyRow is the row of a statement sent with the first batch or with
+// pendingRow is the row of a statement sent with the first batch or with
 // deferred statements.
-type lazyRow struct {
+type pendingRow struct {
 	t    *Tx
 	ctx  context.Context
 	sql  string
@@ -626,7 +639,7 @@ type lazyRow struct {
 
 // Scan sends the row's statement, with whatever is pending before it, and
 // scans its row into dest.
-func (r *lazyRow) Scan(dest ...any) error {
+func (r *pendingRow) Scan(dest ...any) error {
 	t := r.t
 	if t.direct() {
 		return t.under.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
