@@ -69,7 +69,9 @@ type Result struct {
 // event stays unprocessed and the sender's retry runs the handler again. A
 // handler may run more than once per delivery when the transaction is
 // retried after a serialization failure or deadlock, so it must not have
-// effects outside tx (use lease mode for those).
+// effects outside tx (use lease mode for those). txhook commits or rolls
+// back tx: its Commit and Rollback return an error (savepoints the handler
+// begins with tx.Begin are the handler's to end).
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // Config configures a Processor. The zero value (or nil) gives the defaults.
