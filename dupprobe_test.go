@@ -81,12 +81,10 @@ func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 
 	// Held by an uncommitted delivery on another processor.
 	held := event("evt_held")
-	release := make(chan struct{})
-	first := holdKey(t, b.processor(t, nil), held, release, false)
+	first := holdKey(t, b.processor(t, nil), held, false)
 	storm(t, p, seed)
 	mustProcess(t, p, held, insertEffect, txhook.OutcomeInFlight)
-	close(release)
-	if err := <-first; err != nil {
+	if err := first.finish(t); err != nil {
 		t.Fatal(err)
 	}
 	storm(t, p, seed)
@@ -95,28 +93,39 @@ func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 	// Claimed in lease mode by a worker still running.
 	claimed := event("evt_claimed")
 	working := make(chan struct{})
-	finish := make(chan struct{})
+	finish := newReleased(t)
 	leaseDone := make(chan error, 1)
 	go func() {
 		_, err := p.ProcessLease(context.Background(), claimed, txhook.LeaseHandler{
 			Lease: time.Minute,
 			Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 				close(working)
-				<-finish
+				<-finish.ch
 				return nil, nil
 			},
 		})
 		leaseDone <- err
 	}()
-	<-working
+	select {
+	case <-working:
+	case err := <-leaseDone:
+		t.Fatalf("lease-mode delivery ended before its work: %v", err)
+	case <-time.After(waitBound):
+		t.Fatal("lease-mode delivery did not start its work")
+	}
 	storm(t, p, seed)
 	res := mustProcess(t, p, claimed, insertEffect, txhook.OutcomeInFlight)
 	if res.RetryAfter < 30*time.Second {
 		t.Errorf("RetryAfter = %v, want the lease's remaining time", res.RetryAfter)
 	}
-	close(finish)
-	if err := <-leaseDone; err != nil {
-		t.Fatal(err)
+	finish.free()
+	select {
+	case err := <-leaseDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitBound):
+		t.Fatal("lease-mode delivery did not finish")
 	}
 
 	// Recorded as failed: a duplicate, handler not run.

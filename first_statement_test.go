@@ -135,25 +135,13 @@ func TestDedupeWithFirstStatementInFlight(t *testing.T) {
 	p, _ := eager(t, b, txhook.Config{LockTimeout: 100 * time.Millisecond})
 	ev := event("evt_eager_held")
 
-	holder := b.processor(t, nil)
-	entered, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := holder.Process(context.Background(), ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			close(entered)
-			<-release
-			return insertEffect(ctx, tx, ev)
-		})
-		done <- err
-	}()
-	<-entered
+	holder := holdKey(t, b.processor(t, nil), ev, false)
 	var first error
 	res := mustProcess(t, p, ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		_, first = tx.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'second delivery')", ev.Key)
 		return first
 	}, txhook.OutcomeInFlight)
-	close(release)
-	if err := <-done; err != nil {
+	if err := holder.finish(t); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(first, txhook.ErrNotNew) {

@@ -169,7 +169,10 @@ type blocked struct {
 	cause   error // context.Cause of Work's context when Work returned
 }
 
-func (b *leaseBundle) startBlocked(ctx context.Context, ev txhook.Event, h txhook.LeaseHandler, waitForCtx bool) *blocked {
+// startBlocked starts a blocked delivery of ev under t's context. When t
+// ends, the delivery is released (and its context cancelled) and waited for,
+// so that a failing test never leaves it holding its claim.
+func (b *leaseBundle) startBlocked(t *testing.T, ev txhook.Event, h txhook.LeaseHandler, waitForCtx bool) *blocked {
 	bl := &blocked{started: make(chan txhook.Claim, 1), release: make(chan struct{}), done: make(chan struct{})}
 	next := h.Work
 	h.Work = func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
@@ -182,10 +185,12 @@ func (b *leaseBundle) startBlocked(ctx context.Context, ev txhook.Event, h txhoo
 		bl.cause = context.Cause(ctx)
 		return next(ctx, c, ev)
 	}
+	ctx := t.Context()
 	go func() {
 		defer close(bl.done)
 		bl.res, bl.err = b.p.ProcessLease(ctx, ev, h)
 	}()
+	t.Cleanup(func() { bl.finish(t) })
 	return bl
 }
 
@@ -202,6 +207,7 @@ func (bl *blocked) claim(t *testing.T) txhook.Claim {
 	return txhook.Claim{}
 }
 
+// finish releases the delivery and waits for it to end.
 func (bl *blocked) finish(t *testing.T) {
 	t.Helper()
 	select {
@@ -265,7 +271,7 @@ func TestLeaseInFlightDuplicate(t *testing.T) {
 	ev := leaseEvent("evt_inflight")
 	const lease = 10 * time.Second
 	start := time.Now()
-	first := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: lease, RenewEvery: -1, Work: b.chargeAndRecord("first")}, false)
+	first := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: lease, RenewEvery: -1, Work: b.chargeAndRecord("first")}, false)
 	first.claim(t)
 
 	ran := false
@@ -372,7 +378,7 @@ func TestLeaseExpiryTakeoverAndStaleWorkerFenced(t *testing.T) {
 	staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		return b.chargeAndRecord("stale")(context.WithoutCancel(ctx), c, ev)
 	}
-	stale := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: lease, RenewEvery: -1, Work: staleWork}, false)
+	stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: lease, RenewEvery: -1, Work: staleWork}, false)
 	if c := stale.claim(t); c.Token != 1 {
 		t.Fatalf("first claim token = %d, want 1", c.Token)
 	}
@@ -436,12 +442,12 @@ func TestLeaseStaleWorkerCannotEndNewClaim(t *testing.T) {
 			b := leaseSetup(t)
 			ev := leaseEvent("evt_stale_" + tc.name)
 			failing := func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, tc.err }
-			stale := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: failing}, false)
+			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: failing}, false)
 			stale.claim(t)
 
 			var owner *blocked
 			until(t, "takeover", func() bool {
-				owner = b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: 20 * time.Second, Work: b.chargeAndRecord("owner")}, false)
+				owner = b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 20 * time.Second, Work: b.chargeAndRecord("owner")}, false)
 				select {
 				case <-owner.started:
 					return true
@@ -449,6 +455,9 @@ func TestLeaseStaleWorkerCannotEndNewClaim(t *testing.T) {
 					if owner.err != nil || owner.res.Outcome != txhook.OutcomeInFlight {
 						t.Fatalf("takeover delivery = %v, %v", owner.res, owner.err)
 					}
+					return false
+				case <-time.After(30 * time.Second):
+					t.Fatal("takeover delivery neither started nor ended")
 					return false
 				}
 			})
@@ -485,7 +494,7 @@ func TestLeaseRenewalKeepsLongHandlersClaim(t *testing.T) {
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_long")
 	const lease = time.Second
-	long := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: lease, RenewEvery: 100 * time.Millisecond, Work: b.chargeAndRecord("long")}, false)
+	long := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: lease, RenewEvery: 100 * time.Millisecond, Work: b.chargeAndRecord("long")}, false)
 	long.claim(t)
 	start := time.Now()
 
@@ -523,7 +532,7 @@ func TestLeaseRenewalFencedByToken(t *testing.T) {
 	t.Parallel()
 	b := leaseSetup(t)
 	ev := leaseEvent("evt_renew_fenced")
-	w := b.startBlocked(t.Context(), ev, txhook.LeaseHandler{Lease: 10 * time.Second, RenewEvery: 50 * time.Millisecond, Work: b.chargeAndRecord("old")}, true)
+	w := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 10 * time.Second, RenewEvery: 50 * time.Millisecond, Work: b.chargeAndRecord("old")}, true)
 	w.claim(t)
 	if _, err := b.pool.Exec(t.Context(), `UPDATE txhook_processed_events
 		SET attempts = attempts + 1, claimed_at = clock_timestamp(), lease_expires_at = clock_timestamp() + interval '1 minute'
@@ -847,7 +856,7 @@ func TestLeaseNoTakeoverDuringPhaseTwo(t *testing.T) {
 			})
 			go func() {
 				defer close(otherDone)
-				other, otherErr = b.p.ProcessLease(context.Background(), ev, txhook.LeaseHandler{Work: b.chargeAndRecord("second")})
+				other, otherErr = b.p.ProcessLease(t.Context(), ev, txhook.LeaseHandler{Work: b.chargeAndRecord("second")})
 			}()
 			until(t, "the second delivery to wait for the row lock", func() bool {
 				var n int
@@ -859,7 +868,11 @@ func TestLeaseNoTakeoverDuringPhaseTwo(t *testing.T) {
 		}, nil
 	}}
 	b.mustLease(t, ev, h, txhook.OutcomeProcessed)
-	<-otherDone
+	select {
+	case <-otherDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the delivery during phase two did not end")
+	}
 	if otherErr != nil || other.Outcome != txhook.OutcomeDuplicate {
 		t.Errorf("delivery during phase two = %v, %v; want duplicate", other, otherErr)
 	}

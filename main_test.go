@@ -76,7 +76,9 @@ func event(key string) txhook.Event {
 
 func mustProcess(t *testing.T, p *txhook.Processor, ev txhook.Event, h txhook.HandlerFunc, want txhook.Outcome) txhook.Result {
 	t.Helper()
-	res, err := p.Process(t.Context(), ev, h)
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	res, err := p.Process(ctx, ev, h)
 	if err != nil {
 		t.Fatalf("process %s: %v", ev.Key, err)
 	}

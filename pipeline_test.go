@@ -118,12 +118,10 @@ func TestProcessOnOneConnection(t *testing.T) {
 
 			// A delivery on the other processor holds a key: in flight.
 			held := event("evt_held_" + c.name)
-			release := make(chan struct{})
-			first := holdKey(t, b.processor(t, nil), held, release, false)
+			first := holdKey(t, b.processor(t, nil), held, false)
 			mustProcess(t, p, held, insertEffect, txhook.OutcomeInFlight)
 			idle("in flight")
-			close(release)
-			if err := <-first; err != nil {
+			if err := first.finish(t); err != nil {
 				t.Fatal(err)
 			}
 			if n := b.effects(t, ev.Key); n != 1 {

@@ -371,43 +371,12 @@ func TestInvalidEventsAreRejectedAndWriteNothing(t *testing.T) {
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
 }
 
-// holdKey starts a delivery of ev whose handler blocks until release is
-// closed, and returns once the key is inserted (uncommitted).
-func holdKey(t *testing.T, p *txhook.Processor, ev txhook.Event, release <-chan struct{}, fail bool) <-chan error {
-	t.Helper()
-	inserted := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.Process(context.Background(), ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			if err := insertEffect(ctx, tx, ev); err != nil {
-				return err
-			}
-			close(inserted)
-			<-release
-			if fail {
-				return errors.New("first delivery failed")
-			}
-			return nil
-		})
-		done <- err
-	}()
-	select {
-	case <-inserted:
-	case err := <-done:
-		t.Fatalf("first delivery ended early: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("first delivery did not start")
-	}
-	return done
-}
-
 func TestLockWaitBoundAnswersInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := b.processor(t, &txhook.Config{LockTimeout: 100 * time.Millisecond, InFlightRetryAfter: 3 * time.Second})
 	ev := event("evt_slow")
-	release := make(chan struct{})
-	first := holdKey(t, p, ev, release, false)
+	first := holdKey(t, p, ev, false)
 
 	res := mustProcess(t, p, ev, insertEffect, txhook.OutcomeInFlight)
 	if res.RetryAfter != 3*time.Second {
@@ -415,8 +384,7 @@ func TestLockWaitBoundAnswersInFlight(t *testing.T) {
 	}
 	// The bound is restored after the dedupe step: a handler's own lock
 	// waits are not cut short by it.
-	close(release)
-	if err := <-first; err != nil {
+	if err := first.finish(t); err != nil {
 		t.Fatal(err)
 	}
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
@@ -430,24 +398,28 @@ func TestWaiterProcessesWhenFirstDeliveryRollsBack(t *testing.T) {
 	b := setup(t)
 	p := b.processor(t, &txhook.Config{LockTimeout: 10 * time.Second})
 	ev := event("evt_rollback")
-	release := make(chan struct{})
-	first := holdKey(t, p, ev, release, true)
+	first := holdKey(t, p, ev, true)
 
-	second := make(chan txhook.Result, 1)
+	type answer struct {
+		res txhook.Result
+		err error
+	}
+	second := make(chan answer, 1)
 	go func() {
-		res, err := p.Process(context.Background(), ev, insertEffect)
-		if err != nil {
-			t.Errorf("second delivery: %v", err)
-		}
-		second <- res
+		res, err := p.Process(boundedCtx(t), ev, insertEffect)
+		second <- answer{res, err}
 	}()
-	time.Sleep(200 * time.Millisecond) // let the second delivery queue on the key
-	close(release)
-	if err := <-first; err == nil {
+	waitForLockWaiter(t, b.pool) // the second delivery queues on the key
+	if err := first.finish(t); err == nil {
 		t.Fatal("first delivery should have failed")
 	}
-	if res := <-second; res.Outcome != txhook.OutcomeProcessed {
-		t.Errorf("second delivery outcome = %v, want processed", res.Outcome)
+	select {
+	case a := <-second:
+		if a.err != nil || a.res.Outcome != txhook.OutcomeProcessed {
+			t.Errorf("second delivery = %v, %v; want processed", a.res.Outcome, a.err)
+		}
+	case <-time.After(waitBound):
+		t.Fatal("second delivery did not answer")
 	}
 	if n := b.effects(t, ev.Key); n != 1 {
 		t.Errorf("effects = %d, want 1", n)

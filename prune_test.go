@@ -140,10 +140,13 @@ func TestPruneStopsWhileAnotherPrunerHoldsTheLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(context.Background())
 	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", txhook.PruneLockKey); err != nil {
 		t.Fatal(err)
 	}
-	res, err := txhook.Prune(t.Context(), d.Pool, txhook.PruneOptions{})
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound) // a pruner that waited for the lock would fail here
+	defer cancel()
+	res, err := txhook.Prune(ctx, d.Pool, txhook.PruneOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,20 +65,9 @@ func TestRecentKeysInFlightIsNotRemembered(t *testing.T) {
 	b := setup(t)
 	p := b.processor(t, &txhook.Config{LockTimeout: 50 * time.Millisecond})
 	ev := event("evt_held")
-	entered, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.processor(t, nil).Process(context.Background(), ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			close(entered)
-			<-release
-			return errors.New("the holder gives up")
-		})
-		done <- err
-	}()
-	<-entered
+	holder := holdKey(t, b.processor(t, nil), ev, true)
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeInFlight)
-	close(release)
-	if err := <-done; err == nil {
+	if err := holder.finish(t); err == nil {
 		t.Fatal("the holder's error was not returned")
 	}
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)

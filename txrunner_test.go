@@ -154,7 +154,9 @@ func TestCommitWithLostConnectionIsUnknown(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("handler calls = %d, want 1 (no blind retry)", calls)
 	}
-	// The server got the COMMIT: the retry finds the key.
+	// The server got the COMMIT, and runs it whether or not the client is
+	// still there: once it has, the retry finds the key.
+	until(t, "the lost COMMIT to take effect", func() bool { return b.keys(t) == 1 })
 	mustProcess(t, b.processor(t, nil), event("evt_lost_commit"), insertEffect, txhook.OutcomeDuplicate)
 	if n := b.effects(t, "evt_lost_commit"); n != 1 {
 		t.Errorf("effects = %d, want 1", n)

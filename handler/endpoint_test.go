@@ -158,7 +158,9 @@ type response struct {
 
 func (e *env) do(method string, h http.Header, body string) response {
 	e.t.Helper()
-	req, err := http.NewRequestWithContext(e.t.Context(), method, e.srv.URL, strings.NewReader(body))
+	ctx, cancel := context.WithTimeout(e.t.Context(), waitBound)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, e.srv.URL, strings.NewReader(body))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -464,7 +466,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, e.srv.URL, strings.NewReader(body))
+			ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL, strings.NewReader(body))
 			req.Header = h
 			resp, err := e.srv.Client().Do(req)
 			if err != nil {

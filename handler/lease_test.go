@@ -92,7 +92,9 @@ func postAsync(e *env, p *handler.Stripe, body string) <-chan int {
 		e.t.Fatal(err)
 	}
 	go func() {
-		req, err := http.NewRequest(http.MethodPost, e.srv.URL, strings.NewReader(body))
+		ctx, cancel := context.WithTimeout(e.t.Context(), waitBound)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL, strings.NewReader(body))
 		if err != nil {
 			ch <- 0
 			return
@@ -114,7 +116,7 @@ func waitStatus(t *testing.T, ch <-chan int) int {
 	select {
 	case s := <-ch:
 		return s
-	case <-time.After(30 * time.Second):
+	case <-time.After(waitBound):
 		t.Fatal("delivery did not answer")
 	}
 	return 0
@@ -129,18 +131,20 @@ func TestLeaseRouteInFlight(t *testing.T) {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			t.Parallel()
 			const lease = 10 * time.Second
-			started, release := make(chan struct{}), make(chan struct{})
+			started := make(chan struct{})
+			var release *released // set once the server runs
 			var runs atomic.Int32
 			e, p, api := leaseEnv(t, handler.Config{InFlightStatus: status}, txhook.LeaseHandler{
 				Lease: lease,
 				Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 					if runs.Add(1) == 1 {
 						close(started)
-						<-release
+						<-release.ch
 					}
 					return recordLater(ev), nil
 				},
 			})
+			release = newReleased(t)
 			body := stripeEvent("evt_lease_busy", "invoice.paid")
 			start := time.Now()
 			first := postAsync(e, p, body)
@@ -148,6 +152,8 @@ func TestLeaseRouteInFlight(t *testing.T) {
 			case <-started:
 			case s := <-first:
 				t.Fatalf("first delivery answered %d before its work started", s)
+			case <-time.After(waitBound):
+				t.Fatal("first delivery's work did not start")
 			}
 
 			r := e.post(p, body)
@@ -162,7 +168,7 @@ func TestLeaseRouteInFlight(t *testing.T) {
 				t.Errorf("Retry-After = %q, want whole seconds in [%v, %v]", r.header.Get("Retry-After"), lease-elapsed, lease)
 			}
 
-			close(release)
+			release.free()
 			if s := waitStatus(t, first); s != http.StatusOK {
 				t.Fatalf("first delivery answered %d, want 200", s)
 			}
@@ -231,7 +237,8 @@ func TestLeaseRoutePermanent(t *testing.T) {
 // taken over is answered 5xx, never 2xx, and its writes do not commit.
 func TestLeaseRouteLostClaim(t *testing.T) {
 	t.Parallel()
-	started, release := make(chan struct{}), make(chan struct{})
+	started := make(chan struct{})
+	var release *released // set once the server runs
 	var runs atomic.Int32
 	e, p, api := leaseEnv(t, handler.Config{}, txhook.LeaseHandler{
 		Lease:      200 * time.Millisecond,
@@ -239,14 +246,15 @@ func TestLeaseRouteLostClaim(t *testing.T) {
 		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			if runs.Add(1) == 1 {
 				close(started)
-				<-release // stalls past its lease without noticing
+				<-release.ch // stalls past its lease without noticing
 			}
 			return recordLater(ev), nil
 		},
 	})
+	release = newReleased(t)
 	body := stripeEvent("evt_lease_lost", "invoice.paid")
 	first := postAsync(e, p, body)
-	<-started
+	waitClosed(t, started, "the first delivery's work to start")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		r := e.post(p, body)
@@ -260,7 +268,7 @@ func TestLeaseRouteLostClaim(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(release)
+	release.free()
 	if s := waitStatus(t, first); s < 500 {
 		t.Errorf("stale delivery answered %d, want 5xx", s)
 	}

@@ -332,16 +332,18 @@ func (*stubError) Error() string { return "stub: no database" }
 func TestReplayGuardConcurrent(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
-	started, release := make(chan struct{}), make(chan struct{})
+	started := make(chan struct{})
+	var release *released // set once the server runs
 	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{
 		"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			if ev.Key == "d-1" {
 				close(started)
-				<-release
+				<-release.ch
 			}
 			return record(ctx, tx, ev)
 		}),
 	}}, nil, false)
+	release = newReleased(t)
 	body := `{"ref":"refs/heads/main","after":"abc"}`
 	answers := make(map[string]response)
 	var mu sync.Mutex
@@ -353,7 +355,9 @@ func TestReplayGuardConcurrent(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, e.srv.URL, strings.NewReader(body))
+			ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL, strings.NewReader(body))
 			req.Header = h
 			resp, err := e.srv.Client().Do(req)
 			if err != nil {
@@ -371,7 +375,7 @@ func TestReplayGuardConcurrent(t *testing.T) {
 		})
 	}
 	deliver("d-1")
-	<-started
+	waitClosed(t, started, "the first delivery's handler to start")
 	deliver("d-2")
 	// Wait until d-2 waits on the guard's advisory lock.
 	deadline := time.Now().Add(10 * time.Second)
@@ -386,12 +390,11 @@ func TestReplayGuardConcurrent(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			close(release)
 			t.Fatal("second delivery never waited on the guard's lock")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	close(release)
+	release.free()
 	wg.Wait()
 	answers["d-1"].want(t, 200, "status", "processed")
 	answers["d-2"].want(t, 200, "status", "replay")
@@ -421,17 +424,19 @@ func TestDefaultBodyLimit(t *testing.T) {
 func TestReplayGuardWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
-	started, release := make(chan struct{}), make(chan struct{})
+	started := make(chan struct{})
+	var release *released // set once the server runs
 	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 100 * time.Millisecond,
 		Routes: map[string]handler.Route{
 			"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 				if ev.Key == "d-1" {
 					close(started)
-					<-release
+					<-release.ch
 				}
 				return record(ctx, tx, ev)
 			}),
 		}}, nil, false)
+	release = newReleased(t)
 	body := `{"ref":"refs/heads/main","after":"def"}`
 	first := make(chan response, 1)
 	go func() {
@@ -439,7 +444,9 @@ func TestReplayGuardWaitIsBounded(t *testing.T) {
 		if err := gh.Sign(h, []byte(body), now); err != nil {
 			t.Error(err)
 		}
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, e.srv.URL, strings.NewReader(body))
+		ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL, strings.NewReader(body))
 		req.Header = h
 		resp, err := e.srv.Client().Do(req)
 		if err != nil {
@@ -452,14 +459,19 @@ func TestReplayGuardWaitIsBounded(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&m)
 		first <- response{status: resp.StatusCode, body: m}
 	}()
-	<-started
+	waitClosed(t, started, "the first delivery's handler to start")
 	r := e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push")
 	r.want(t, http.StatusConflict, "error", "in_flight")
 	if r.header.Get("Retry-After") == "" {
 		t.Error("in-flight answer without Retry-After")
 	}
-	close(release)
-	(<-first).want(t, 200, "status", "processed")
+	release.free()
+	select {
+	case r := <-first:
+		r.want(t, 200, "status", "processed")
+	case <-time.After(waitBound):
+		t.Fatal("first delivery did not answer")
+	}
 	e.wantCounts(1, 1)
 	e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
 	e.wantCounts(1, 1)

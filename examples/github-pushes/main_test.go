@@ -232,7 +232,9 @@ func TestProcessCrashThenRedelivery(t *testing.T) {
 
 	cmd, stderr, addr := start(txhook.CrashPointEnv + "=" + string(txhook.CrashBeforeCommit))
 	f.url = "http://" + addr + "/webhooks/github"
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, f.url, bytes.NewReader(body))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url, bytes.NewReader(body))
 	req.Header.Set(handler.GitHubDeliveryHeader, "d-crash")
 	req.Header.Set(handler.GitHubEventHeader, "push")
 	_ = (&handler.GitHub{Secrets: []string{testSecret}}).Sign(req.Header, body, time.Now())
@@ -240,7 +242,13 @@ func TestProcessCrashThenRedelivery(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("got %s, want no answer", resp.Status)
 	}
-	err = cmd.Wait()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the example did not exit at the crash point:\n%s", stderr)
+	}
 	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
 		t.Fatalf("exit = %v, want status %d:\n%s", err, txhook.CrashExitCode, stderr)
 	}

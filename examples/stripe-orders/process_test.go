@@ -125,7 +125,9 @@ func (p *proc) waitExit(t *testing.T) int {
 // without an answer.
 func deliverNoAnswer(t *testing.T, url string, body []byte) {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url, bytes.NewReader(body))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err := (&handler.Stripe{Secrets: []string{testSecret}}).Sign(req.Header, body, time.Now()); err != nil {
 		t.Fatal(err)
 	}

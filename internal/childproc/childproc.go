@@ -8,6 +8,7 @@
 package childproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -185,8 +186,9 @@ type Output struct {
 	// Max bounds the bytes kept; 0 keeps everything.
 	Max int
 
-	mu  sync.Mutex
-	buf []byte
+	mu    sync.Mutex
+	buf   []byte
+	wrote chan struct{} // closed by the next Write; nil while no one waits
 }
 
 // Write implements io.Writer.
@@ -197,7 +199,38 @@ func (o *Output) Write(b []byte) (int, error) {
 	if over := len(o.buf) - o.Max; o.Max > 0 && over > 0 {
 		o.buf = append(o.buf[:0], o.buf[over:]...)
 	}
+	if o.wrote != nil {
+		close(o.wrote)
+		o.wrote = nil
+	}
 	return len(b), nil
+}
+
+// WaitLine waits until a whole line (ended by a newline) containing substr
+// has been written, and returns the last such line, trimmed. A process's
+// output reaches o some time after the process prints it, possibly after
+// Start has returned: wait for a line rather than read it at once. It fails
+// when ctx ends first.
+func (o *Output) WaitLine(ctx context.Context, substr string) (string, error) {
+	for {
+		o.mu.Lock()
+		whole := o.buf[:bytes.LastIndexByte(o.buf, '\n')+1]
+		line, ok := lastLineContaining(string(whole), substr)
+		if ok {
+			o.mu.Unlock()
+			return line, nil
+		}
+		if o.wrote == nil {
+			o.wrote = make(chan struct{})
+		}
+		wrote := o.wrote
+		o.mu.Unlock()
+		select {
+		case <-wrote:
+		case <-ctx.Done():
+			return "", fmt.Errorf("wait for a line with %q: %w", substr, context.Cause(ctx))
+		}
+	}
 }
 
 // String returns what is kept.
@@ -216,13 +249,18 @@ func (o *Output) Tail(n int) string {
 // LastLineContaining returns the last line containing substr, trimmed, or
 // "" when there is none.
 func (o *Output) LastLineContaining(substr string) string {
-	lines := strings.Split(o.String(), "\n")
+	line, _ := lastLineContaining(o.String(), substr)
+	return line
+}
+
+func lastLineContaining(s, substr string) (string, bool) {
+	lines := strings.Split(s, "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		if strings.Contains(lines[i], substr) {
-			return strings.TrimSpace(lines[i])
+			return strings.TrimSpace(lines[i]), true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // shown formats the last lines of o for an error message; "" for a nil o.

@@ -88,7 +88,15 @@ func TestStartStop(t *testing.T) {
 		t.Fatal("Done closed while the process runs")
 	default:
 	}
-	if line := out.LastLineContaining("listening on"); !strings.HasSuffix(line, "secret=") {
+	// Start returns once the child listens, which may be before its line
+	// has been copied into out.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	line, err := out.WaitLine(ctx, "listening on")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(line, "secret=") {
 		t.Errorf("child's line = %q, want it listening with no secret", line)
 	}
 	p.Stop(10 * time.Second)
@@ -179,5 +187,38 @@ func TestOutput(t *testing.T) {
 	}
 	if got := all.LastLineContaining("absent"); got != "" {
 		t.Errorf("LastLineContaining(absent) = %q", got)
+	}
+}
+
+func TestOutputWaitLine(t *testing.T) {
+	o := &childproc.Output{}
+	fmt.Fprint(o, "starting\nlistening on 127.0.0.1:1 sec")
+	got := make(chan string, 1)
+	go func() {
+		line, err := o.WaitLine(t.Context(), "listening on")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		t.Fatalf("WaitLine returned %q before the line was whole", line)
+	case <-time.After(50 * time.Millisecond):
+	}
+	fmt.Fprint(o, "ret=\n")
+	select {
+	case line := <-got:
+		if line != "listening on 127.0.0.1:1 secret=" {
+			t.Errorf("WaitLine = %q, want the whole line", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitLine did not return after the line was written")
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if line, err := o.WaitLine(ctx, "absent"); err == nil {
+		t.Errorf("WaitLine(absent) = %q, want an error when ctx ends", line)
 	}
 }

@@ -74,11 +74,16 @@ func child(mode string) int {
 	ev := txhook.Event{Source: "crash-test", Key: "evt_crash", Type: "checkout.session.completed"}
 	var outcome string
 	switch mode {
-	case "txhook", "txhook-first", "txhook-deferred":
+	case "txhook", "txhook-first", "txhook-deferred", "txhook-wrapped":
 		// txhook-first sends the dedupe step with the handler's first
 		// statement; txhook-deferred also defers its second statement to
-		// COMMIT.
-		p, err := txhook.NewProcessor(pool, &txhook.Config{DedupeWithFirstStatement: mode != "txhook"})
+		// COMMIT; txhook-wrapped runs on a database wrapper that cannot
+		// pipeline.
+		var d txhook.Beginner = pool
+		if mode == "txhook-wrapped" {
+			d = onlyBegins{pool}
+		}
+		p, err := txhook.NewProcessor(d, &txhook.Config{DedupeWithFirstStatement: mode == "txhook-first" || mode == "txhook-deferred"})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -104,6 +109,15 @@ func child(mode string) int {
 	}
 	fmt.Println(outcome)
 	return 0
+}
+
+// onlyBegins is a database wrapper that only begins transactions, as an
+// instrumented wrapper may: a Processor on it takes the path for databases
+// that cannot pipeline.
+type onlyBegins struct{ pool *pgxpool.Pool }
+
+func (w onlyBegins) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
+	return w.pool.BeginTx(ctx, o)
 }
 
 // naive is the dedupe most receivers copy: commit the key, then do the work
@@ -183,7 +197,7 @@ var crashPoints = []txhook.CrashPoint{
 
 func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"txhook", "txhook-first", "txhook-deferred"} {
+	for _, mode := range []string{"txhook", "txhook-first", "txhook-deferred", "txhook-wrapped"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			crashThenRedeliver(t, mode)

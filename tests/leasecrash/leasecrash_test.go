@@ -309,6 +309,9 @@ func TestKilledDuringExternalCall(t *testing.T) {
 		}
 	}))
 	t.Cleanup(blocking.Close)
+	var freeCall sync.Once
+	endCall := func() { freeCall.Do(func() { close(killed) }) }
+	t.Cleanup(endCall) // before the server waits for the call, should the test fail first
 
 	cmd := childCmd(t, d.URL, blocking.URL, "")
 	if err := cmd.Start(); err != nil {
@@ -344,7 +347,7 @@ func TestKilledDuringExternalCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := cmd.Wait()
-	close(killed)
+	endCall()
 	if err == nil {
 		t.Fatal("killed worker exited cleanly")
 	}

@@ -1,0 +1,140 @@
+package txhook_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/db"
+)
+
+// TestLeaseStaleWorkerFencedDuringTakeover: a worker whose lease ran out
+// ignores its cancelled context and reaches phase two while the delivery
+// that took the event over is still running its own phase one. Only the
+// fencing token tells the two claims apart then (the row is in progress for
+// both), and every write the stale worker's phase two makes must be
+// rejected: the done mark, its business writes, and the release or failure
+// record that follows a phase-two error. The newer claim stays untouched
+// and completes.
+func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
+	t.Parallel()
+	errCommit := errors.New("ledger rejected the entry")
+	for _, tc := range []struct {
+		name   string
+		commit func(key string) txhook.TxFunc // the stale worker's phase two
+	}{
+		{"done mark only", func(string) txhook.TxFunc { return nil }},
+		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
+		{"business writes then error", func(key string) txhook.TxFunc {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
+					return err
+				}
+				return errCommit
+			}
+		}},
+		{"business writes then permanent error", func(key string) txhook.TxFunc {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
+					return err
+				}
+				return txhook.Permanent(errCommit)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := leaseSetup(t)
+			ev := leaseEvent("evt_fenced")
+
+			// The stale worker: a short lease, no renewal, and work that
+			// carries on after its context ends (a call already on the wire,
+			// a long pause).
+			staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+				if err := b.api.charge(context.WithoutCancel(ctx), c.IdempotencyKey("charge")); err != nil {
+					return nil, err
+				}
+				return tc.commit(ev.Key), nil
+			}
+			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: staleWork}, false)
+			if c := stale.claim(t); c.Token != 1 {
+				t.Fatalf("stale worker's token = %d, want 1", c.Token)
+			}
+
+			// The new owner takes the event over once the lease has run out,
+			// and stays in phase one.
+			var owner *blocked
+			var ownerClaim txhook.Claim
+			until(t, "a takeover", func() bool {
+				owner = b.startBlocked(t, ev, txhook.LeaseHandler{Lease: time.Minute, Work: b.chargeAndRecord("owner")}, false)
+				select {
+				case ownerClaim = <-owner.started:
+					return true
+				case <-owner.done:
+					if owner.err != nil || owner.res.Outcome != txhook.OutcomeInFlight {
+						t.Fatalf("takeover delivery = %v, %v; want in flight or a claim", owner.res, owner.err)
+					}
+					return false
+				case <-time.After(30 * time.Second):
+					t.Fatal("takeover delivery neither claimed nor ended")
+					return false
+				}
+			})
+			if ownerClaim.Token != 2 {
+				t.Fatalf("new owner's token = %d, want 2", ownerClaim.Token)
+			}
+			claimed := b.row(t, ev.Key)
+
+			// The stale worker wakes up and runs phase two to the end while
+			// the new owner holds the event.
+			stale.finish(t)
+			if !errors.Is(stale.err, txhook.ErrLeaseLost) {
+				t.Errorf("stale worker = %v, %v; want an error matching ErrLeaseLost", stale.res, stale.err)
+			}
+			if got := b.effects(t, ev.Key); len(got) != 0 {
+				t.Errorf("effects = %v after the stale worker's phase two, want none", got)
+			}
+			wantSameClaim(t, b.row(t, ev.Key), claimed)
+			// The new owner's claim still holds the event for its whole lease.
+			res := b.mustLease(t, ev, txhook.LeaseHandler{Work: b.chargeAndRecord("third")}, txhook.OutcomeInFlight)
+			if res.RetryAfter < 30*time.Second {
+				t.Errorf("RetryAfter = %v, want what is left of the new owner's 1m lease", res.RetryAfter)
+			}
+			tres, err := b.p.Process(t.Context(), ev, func(context.Context, pgx.Tx, txhook.Event) error {
+				t.Error("a transactional handler ran while the new owner held the event")
+				return nil
+			})
+			if err != nil || tres.Outcome != txhook.OutcomeInFlight {
+				t.Errorf("transactional delivery = %v, %v; want in flight", tres, err)
+			}
+
+			owner.finish(t)
+			if owner.err != nil || owner.res.Outcome != txhook.OutcomeProcessed {
+				t.Fatalf("new owner = %v, %v; want processed", owner.res, owner.err)
+			}
+			if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "owner" {
+				t.Errorf("effects = %v, want the new owner's only", got)
+			}
+			if r := b.row(t, ev.Key); r.Status != "done" || r.Attempts != 2 || r.LastError.Valid {
+				t.Errorf("row = %+v, want done by attempt 2 with no error", r)
+			}
+			b.api.wantCalls(t, txhook.IdempotencyKey("test", ev.Key, "charge"), 2)
+		})
+	}
+}
+
+// wantSameClaim fails t unless got is still the claim want: in progress,
+// same token, same lease, no error recorded.
+func wantSameClaim(t *testing.T, got, want db.TxhookProcessedEvent) {
+	t.Helper()
+	if got.Status != "in_progress" || got.Attempts != want.Attempts || got.LeaseExpiresAt != want.LeaseExpiresAt ||
+		got.CompletedAt.Valid || got.LastError != want.LastError {
+		t.Errorf("row = status %s, attempts %d, lease until %v, completed %v, last error %q;\nwant the new claim untouched: in progress, attempts %d, lease until %v, no error",
+			got.Status, got.Attempts, got.LeaseExpiresAt.Time, got.CompletedAt.Valid, got.LastError.String,
+			want.Attempts, want.LeaseExpiresAt.Time)
+	}
+}
