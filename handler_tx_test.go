@@ -3,6 +3,7 @@ package txhook_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,7 +19,7 @@ func TestHandlerTransaction(t *testing.T) {
 	for _, first := range []bool{false, true} {
 		p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: first, RecentKeys: -1})
 		key := map[bool]string{false: "evt_sp_a", true: "evt_sp_b"}[first]
-		mustProcess(t, p, event(key), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		res := processWithin(t, 10*time.Second, p, event(key), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			if err := tx.Commit(ctx); err == nil {
 				t.Errorf("first=%v: the handler committed the event's transaction", first)
 			}
@@ -46,7 +47,10 @@ func TestHandlerTransaction(t *testing.T) {
 				return err
 			}
 			return kept.Commit(ctx)
-		}, txhook.OutcomeProcessed)
+		})
+		if res.Outcome != txhook.OutcomeProcessed {
+			t.Fatalf("first=%v: outcome %v, want processed", first, res.Outcome)
+		}
 		if n := b.count(t, "SELECT count(*) FROM effects WHERE event_key = $1 AND note = 'kept-deferred'", key); n != 1 {
 			t.Errorf("first=%v: %d kept deferred writes, want 1", first, n)
 		}
