@@ -111,6 +111,8 @@ type overviewData struct {
 	OldestLeaseLeft string
 	Chart           chart
 	Now             time.Time
+	// Prune is the pruner's latest run, or nil when none ran.
+	Prune *db.LastPruneRunRow
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -185,6 +187,13 @@ func (h *Handler) loadOverview(ctx context.Context) (*overviewData, error) {
 		} else {
 			d.OldestLeaseLeft = "lease ended " + (-left).String() + " ago: the next delivery takes it over"
 		}
+	}
+	runs, err := q.LastPruneRun(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the last prune run: %w", err)
+	}
+	if len(runs) > 0 {
+		d.Prune = &runs[0]
 	}
 	d.Chart, err = h.loadChart(ctx, q, now)
 	return d, err

@@ -22,3 +22,13 @@ type TxhookProcessedEvent struct {
 	Payload        []byte
 	PayloadHash    []byte
 }
+
+type TxhookPruneRun struct {
+	ID            bool
+	StartedAt     pgtype.Timestamptz
+	LastBatchAt   pgtype.Timestamptz
+	Cutoff        pgtype.Timestamptz
+	IncludeFailed bool
+	Deleted       int64
+	Batches       int32
+}

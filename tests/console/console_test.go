@@ -59,6 +59,10 @@ func setup(t *testing.T, cfg admin.Config) *console {
 		t.Fatal(err)
 	}
 	seed(t, d.Pool)
+	// A prune run with the default retention: nothing is that old.
+	if _, err := txhook.Prune(ctx, d.Pool, txhook.PruneOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	handlers := map[string]txhook.HandlerFunc{
 		"invoice.paid": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			var p struct {
@@ -271,6 +275,9 @@ func TestPages(t *testing.T) {
 	}
 	if got := text(t, ctx, "#oldest"); !strings.Contains(got, "stripe / evt_busy_1") || !strings.Contains(got, "attempt 2") || !strings.Contains(got, "lease ends in") {
 		t.Errorf("overview: oldest in flight = %q", got)
+	}
+	if got := text(t, ctx, "#prune"); !regexp.MustCompile(`^Last run started \d+(\.\d+)?m?s ago, last batch \d+(\.\d+)?m?s ago: deleted 0 done events completed before \S+ \S+, in 1 batch\.$`).MatchString(got) {
+		t.Errorf("overview: prune = %q", got)
 	}
 	screenshot(t, ctx, "console-overview")
 
