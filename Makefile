@@ -41,7 +41,7 @@ generate:
 
 unit:
 	@for m in $(MODULES); do \
-		printf '\n==> %s  %s\n' "$$(date +%H:%M:%S)" "go test -race ./... in module $$m (database tests on a throwaway PostgreSQL; the console in headless Chromium)"; \
+		printf '\n==> %s  %s\n' "$$(date +%H:%M:%S)" "go test -race ./... in module $$m (database tests on a throwaway PostgreSQL unless TEST_DATABASE_URL is set)"; \
 		(cd $$m && $(GO) test -race -count=1 ./...) || exit 1; \
 	done
 	$(call step,"all checks passed")
