@@ -14,7 +14,10 @@ FUZZMINIMIZETIME ?= 2s
 # Modules with their own go.mod (the library first).
 MODULES := . tests otelhook
 
-.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz
+.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz screenshots
+
+# step prints what make test is doing, with the time, between its steps.
+step = @printf '\n==> %s  %s\n' "$$(date +%H:%M:%S)" $(1)
 
 all: test
 
@@ -22,23 +25,31 @@ all: test
 test: fmt-check vet staticcheck sqlc-diff unit
 
 fmt-check:
+	$(call step,"gofmt: every Go file formatted")
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 vet:
+	$(call step,"go vet in every module: $(MODULES)")
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 staticcheck:
+	$(call step,"staticcheck in every module (the first run builds it)")
 	@for m in $(MODULES); do (cd $$m && $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck ./...) || exit 1; done
 
 sqlc-diff:
-	$(SQLC) diff
+	$(call step,"sqlc diff: the generated code in db/ and the examples is current (the first run builds sqlc)")
+	@$(SQLC) diff
 
 generate:
 	$(SQLC) generate
 
 unit:
-	@for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
+	@for m in $(MODULES); do \
+		printf '\n==> %s  %s\n' "$$(date +%H:%M:%S)" "go test -race ./... in module $$m (database tests on a throwaway PostgreSQL unless TEST_DATABASE_URL is set)"; \
+		(cd $$m && $(GO) test -race -count=1 ./...) || exit 1; \
+	done
+	$(call step,"all checks passed")
 
 ## demo: the exactly-once story: a duplicate, a crash and its retry, and the naive dedupe losing an event.
 demo:
@@ -64,3 +75,7 @@ fuzz:
 	    done; \
 	  done; \
 	done
+
+## screenshots: the operator console's pages, from its browser tests, written to docs/screenshots/.
+screenshots:
+	cd tests && TXHOOK_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run 'TestPages|TestReplayAppliesOnce|TestReadOnlyConsole' ./console

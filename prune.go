@@ -89,7 +89,9 @@ type PruneResult struct {
 // deleting, another stops and reports Locked, so across instances at most one
 // pruner deletes at a time and the last to take the lock finishes the work.
 // Rows locked by a concurrent replay are skipped and left for the next run.
-// The cutoff is taken once, from the database clock, at the start.
+// The cutoff is taken once, from the database clock, at the start. Each
+// batch also records the run in txhook_prune_runs (its start, last batch,
+// cutoff and rows deleted so far), which the operator console shows.
 //
 // ctx bounds the whole run; when it ends, Prune returns what it deleted so
 // far with ctx's error. Committed batches stay deleted.
@@ -123,6 +125,7 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 		}
 		return res, nil
 	}
+	started := pgtype.Timestamptz{Time: time.Now(), Valid: true}
 	for {
 		var n int64
 		var locked bool
@@ -147,6 +150,11 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 			})
 			if err != nil {
 				return fmt.Errorf("delete batch: %w", err)
+			}
+			if err := q.RecordPruneBatch(ctx, db.RecordPruneBatchParams{
+				StartedAt: started, Cutoff: cutoff, IncludeFailed: o.IncludeFailed, Deleted: n,
+			}); err != nil {
+				return fmt.Errorf("record prune batch: %w", err)
 			}
 			return nil
 		})

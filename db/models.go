@@ -23,6 +23,16 @@ type TxhookProcessedEvent struct {
 	PayloadHash    []byte
 }
 
+type TxhookPruneRun struct {
+	ID            bool
+	StartedAt     pgtype.Timestamptz
+	LastBatchAt   pgtype.Timestamptz
+	Cutoff        pgtype.Timestamptz
+	IncludeFailed bool
+	Deleted       int64
+	Batches       int32
+}
+
 type TxhookRedelivery struct {
 	Source         string
 	Guid           string

@@ -31,8 +31,8 @@
 //	})
 //	if err != nil { ... }
 //	mux := http.NewServeMux()
-//	mux.Handle("/webhooks/stripe", stripe)
-//	mux.Handle("/webhooks/github", github)
+//	mux.Handle("POST /webhooks/stripe", stripe)
+//	mux.Handle("POST /webhooks/github", github)
 //
 // # Status codes
 //

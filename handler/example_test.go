@@ -57,8 +57,8 @@ func Example() {
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle("/webhooks/stripe", stripe)
-	mux.Handle("/webhooks/github", github)
+	mux.Handle("POST /webhooks/stripe", stripe)
+	mux.Handle("POST /webhooks/github", github)
 	log.Fatal(http.ListenAndServe(":8080", mux))
 }
 

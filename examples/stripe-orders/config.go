@@ -18,6 +18,10 @@ type config struct {
 	// FulfillmentURL, when set, is where payment_intent.succeeded events are
 	// sent for fulfillment (FULFILLMENT_URL). Optional.
 	FulfillmentURL string
+	// ConsolePassword, when set, mounts txhook's operator console at
+	// /txhook/ behind HTTP basic auth, user admin, with this password
+	// (CONSOLE_PASSWORD). Optional: without it there is no console.
+	ConsolePassword string
 }
 
 // defaultAddr is the listen address when ADDR is unset.
@@ -31,6 +35,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		WebhookSecret:  strings.TrimSpace(getenv("STRIPE_WEBHOOK_SECRET")),
 		Addr:           strings.TrimSpace(getenv("ADDR")),
 		FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL")),
+		// Not trimmed: a password's spaces are its own.
+		ConsolePassword: getenv("CONSOLE_PASSWORD"),
 	}
 	if c.Addr == "" {
 		c.Addr = defaultAddr

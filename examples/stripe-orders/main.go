@@ -20,6 +20,8 @@
 //	                       several, comma-separated, while rolling the secret)
 //	ADDR                   listen address (default 127.0.0.1:8080)
 //	FULFILLMENT_URL        fulfillment service for payment_intent.succeeded (optional)
+//	CONSOLE_PASSWORD       serves txhook's operator console at /txhook/, HTTP basic
+//	                       auth with user admin and this password (optional)
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // Run it with:
@@ -27,6 +29,14 @@
 //	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run ./examples/stripe-orders
 //
 // Once it is ready it logs a line with msg=listening and the address.
+//
+// The same binary runs txhook's operations commands with the example's own
+// handlers, so that failed events can be replayed from the command line
+// (DATABASE_URL, and FULFILLMENT_URL for lease-mode events):
+//
+//	stripe-orders txhook dead-letters
+//	stripe-orders txhook replay stripe evt_123
+//	stripe-orders txhook replay --all --dry-run
 package main
 
 import (
@@ -38,22 +48,43 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/cli"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/migrations"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "txhook" {
+		cli.Main(os.Args[2:], txhookCommands(os.Getenv))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(ctx, os.Getenv, log); err != nil {
 		fmt.Fprintln(os.Stderr, "stripe-orders:", err)
 		os.Exit(1)
+	}
+}
+
+// txhookCommands configures txhook's commands for "stripe-orders txhook":
+// replay runs the example's own handlers.
+func txhookCommands(getenv func(string) string) *cli.Config {
+	return &cli.Config{
+		Name: "stripe-orders txhook",
+		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
+			proc, err := newProcessor(pool)
+			if err != nil {
+				return nil, err
+			}
+			return newReplayer(pool, proc, routes(config{FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL"))}))
+		},
 	}
 }
 
@@ -88,6 +119,9 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		IdleTimeout:       2 * time.Minute,
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/stripe")
+	if cfg.ConsolePassword != "" {
+		log.Info("operator console", "path", "/txhook/", "user", consoleUser)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/admin"
 	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
 )
@@ -18,8 +21,43 @@ const source = "stripe"
 
 // newHandler returns the example's HTTP handler: POST /webhooks/stripe,
 // verified with the endpoint's signing secret and applied through a txhook
-// processor on pool.
+// processor on pool; and, when cfg.ConsolePassword is set, txhook's
+// operator console at /txhook/ behind HTTP basic auth (user admin).
 func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, error) {
+	proc, err := newProcessor(pool)
+	if err != nil {
+		return nil, err
+	}
+	rs := routes(cfg)
+	ep, err := handler.New(proc, &handler.Config{
+		Source:   source,
+		Provider: &handler.Stripe{Secrets: splitSecrets(cfg.WebhookSecret)},
+		Routes:   rs, // any other type is acknowledged, nothing written
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("new endpoint: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /webhooks/stripe", ep)
+	if cfg.ConsolePassword != "" {
+		replayer, err := newReplayer(pool, proc, rs)
+		if err != nil {
+			return nil, err
+		}
+		console := admin.New(pool, &admin.Config{
+			AllowWrites: true,
+			Replayer:    replayer,
+			User:        func(r *http.Request) string { u, _, _ := r.BasicAuth(); return u },
+			Logger:      log,
+		})
+		mux.Handle("/txhook/", http.StripPrefix("/txhook", basicAuth(consoleUser, cfg.ConsolePassword, console)))
+	}
+	return mux, nil
+}
+
+// newProcessor returns the example's txhook processor on pool.
+func newProcessor(pool *pgxpool.Pool) (*txhook.Processor, error) {
 	// StorePayload keeps each event's body, so that an event recorded as
 	// failed can be replayed by an operator. The handlers only decode, check
 	// and write through their transaction, so the dedupe step can travel
@@ -30,27 +68,68 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 	if err != nil {
 		return nil, fmt.Errorf("new processor: %w", err)
 	}
-	routes := map[string]handler.Route{
+	return proc, nil
+}
+
+// routes returns the example's handlers by event type.
+func routes(cfg config) map[string]handler.Route {
+	rs := map[string]handler.Route{
 		"checkout.session.completed": handler.Tx(checkoutSessionCompleted),
 		"invoice.created":            handler.Tx(txhook.WithQueries(ordersdb.New, invoiceCreated)),
 		"invoice.paid":               handler.Tx(txhook.WithQueries(ordersdb.New, invoicePaid)),
 	}
 	if cfg.FulfillmentURL != "" {
 		f := newFulfillment(cfg.FulfillmentURL)
-		routes["payment_intent.succeeded"] = handler.Lease(f.leaseHandler())
+		rs["payment_intent.succeeded"] = handler.Lease(f.leaseHandler())
 	}
-	ep, err := handler.New(proc, &handler.Config{
-		Source:   source,
-		Provider: &handler.Stripe{Secrets: splitSecrets(cfg.WebhookSecret)},
-		Routes:   routes, // any other type is acknowledged, nothing written
-		Logger:   log,
-	})
+	return rs
+}
+
+// newReplayer returns a Replayer that runs failed events again through the
+// same handlers as a delivery, for the console and "stripe-orders txhook
+// replay".
+func newReplayer(pool *pgxpool.Pool, proc *txhook.Processor, rs map[string]handler.Route) (*txhook.Replayer, error) {
+	txLookup := func(typ string) (txhook.HandlerFunc, bool) {
+		r, ok := rs[typ].(*handler.TxRoute)
+		if !ok {
+			return nil, false
+		}
+		return r.Handler, true
+	}
+	leaseLookup := func(typ string) (txhook.LeaseHandler, bool) {
+		r, ok := rs[typ].(*handler.LeaseRoute)
+		if !ok {
+			return txhook.LeaseHandler{}, false
+		}
+		return r.Handler, true
+	}
+	r, err := txhook.NewReplayer(pool, txLookup, &txhook.ReplayerConfig{LeaseLookup: leaseLookup, Processor: proc})
 	if err != nil {
-		return nil, fmt.Errorf("new endpoint: %w", err)
+		return nil, fmt.Errorf("new replayer: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("POST /webhooks/stripe", ep)
-	return mux, nil
+	return r, nil
+}
+
+// consoleUser is the console's basic auth user name.
+const consoleUser = "admin"
+
+// basicAuth lets through requests that carry user and password, compared in
+// constant time, and answers the others 401.
+func basicAuth(user, password string, next http.Handler) http.Handler {
+	wantUser := sha256.Sum256([]byte(user))
+	wantPass := sha256.Sum256([]byte(password))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, ok := r.BasicAuth()
+		gotUser, gotPass := sha256.Sum256([]byte(u)), sha256.Sum256([]byte(p))
+		userOK := subtle.ConstantTimeCompare(gotUser[:], wantUser[:]) == 1
+		passOK := subtle.ConstantTimeCompare(gotPass[:], wantPass[:]) == 1
+		if !ok || !userOK || !passOK {
+			w.Header().Set("WWW-Authenticate", `Basic realm="txhook console", charset="UTF-8"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // splitSecrets splits a comma-separated list of signing secrets: during a

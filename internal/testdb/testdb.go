@@ -96,6 +96,16 @@ func Main(m *testing.M) {
 // when no server can be had.
 func ServerURL(t testing.TB) string {
 	t.Helper()
+	u, err := serverURL()
+	if err != nil {
+		noServer(t, err)
+	}
+	return u
+}
+
+// serverURL returns the test server's URL, starting a throwaway cluster the
+// first time if TEST_DATABASE_URL is not set.
+func serverURL() (string, error) {
 	srvOnce.Do(func() {
 		if u := os.Getenv(EnvURL); u != "" {
 			srv.url = u
@@ -111,10 +121,7 @@ func ServerURL(t testing.TB) string {
 		srv.cluster = c
 		srv.url = c.URL
 	})
-	if srv.err != nil {
-		noServer(t, srv.err)
-	}
-	return srv.url
+	return srv.url, srv.err
 }
 
 // noServer ends t when no database can be had: skipped locally, failed when
@@ -147,39 +154,78 @@ func New(t testing.TB, tpl ...Template) *DB {
 	if len(tpl) > 0 {
 		template = tpl[0]
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	tplName, err := ensureTemplate(ctx, base, template)
-	if err != nil {
-		t.Fatalf("testdb: template %s: %v", template.Name, err)
-	}
 	name := fmt.Sprintf("t_%s_%08x", sanitize(t.Name()), rand.Uint32())
-	if err := adminExec(ctx, base, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s",
-		pgx.Identifier{name}.Sanitize(), pgx.Identifier{tplName}.Sanitize())); err != nil {
-		t.Fatalf("testdb: create database: %v", err)
-	}
-	u, err := withDatabase(base, name)
+	d, err := create(base, template, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, u)
-	if err != nil {
-		t.Fatalf("testdb: connect: %v", err)
-	}
+	pool := d.Pool
 	t.Cleanup(func() {
 		pool.Close()
 		if t.Failed() {
 			t.Logf("testdb: kept database %s for inspection", name)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := adminExec(ctx, base, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Logf("testdb: drop database %s: %v", name, err)
+		if err := drop(base, name); err != nil {
+			t.Logf("testdb: %v", err)
 		}
 	})
-	return &DB{Pool: pool, URL: u, Name: name}
+	return d
+}
+
+// ForExample returns a fresh database with txhook's schema for a runnable
+// example, which has no testing.T, and a function that drops it. Without a
+// server it returns an error: the example then fails, as it cannot show
+// its output.
+func ForExample(name string) (*DB, func(), error) {
+	base, err := serverURL()
+	if err != nil {
+		return nil, nil, fmt.Errorf("testdb: no PostgreSQL: set %s or install the PostgreSQL server: %w", EnvURL, err)
+	}
+	name = fmt.Sprintf("x_%s_%08x", sanitize(name), rand.Uint32())
+	d, err := create(base, TxhookTemplate, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, func() {
+		d.Pool.Close()
+		if err := drop(base, name); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}, nil
+}
+
+// create clones database name from tpl on the server base and connects to it.
+func create(base string, tpl Template, name string) (*DB, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tplName, err := ensureTemplate(ctx, base, tpl)
+	if err != nil {
+		return nil, fmt.Errorf("testdb: template %s: %w", tpl.Name, err)
+	}
+	if err := adminExec(ctx, base, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s",
+		pgx.Identifier{name}.Sanitize(), pgx.Identifier{tplName}.Sanitize())); err != nil {
+		return nil, fmt.Errorf("testdb: create database: %w", err)
+	}
+	u, err := withDatabase(base, name)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("testdb: connect: %w", err)
+	}
+	return &DB{Pool: pool, URL: u, Name: name}, nil
+}
+
+// drop drops database name on the server base.
+func drop(base, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := adminExec(ctx, base, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return nil
 }
 
 func ensureTemplate(ctx context.Context, base string, tpl Template) (string, error) {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -76,7 +76,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "\nfailed events: %d", s.Failed)
 	if s.Failed > 0 {
-		fmt.Fprint(c.stdout, " (txhook events list --status failed)")
+		fmt.Fprintf(c.stdout, " (%s dead-letters)", c.name)
 	}
 	fmt.Fprintln(c.stdout)
 	if o := s.OldestInProgress; o != nil {

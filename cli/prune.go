@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 		return usagef("--batch must be between 1 and 1000000")
 	}
 	if age < minSafeRetention {
-		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the providers' retry and redelivery windows (3 days for Stripe and GitHub); a pruned event that is delivered again is processed again\n", age)
+		fmt.Fprintf(c.stderr, "%s prune: warning: a retention of %v is shorter than the providers' retry and redelivery windows (3 days for Stripe and GitHub); a pruned event that is delivered again is processed again\n", c.name, age)
 	}
 	if age < window {
 		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the replay window of %v: the replay guard of GitHub and Shopify endpoints forgets a body once its row is pruned; pass --replay-window with the longest window of your guarded endpoints (0 if none)\n", age, window)
@@ -71,26 +71,23 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	}
 
 	start := time.Now()
-	var p *progress
-	if term, ok := c.stdout.(*os.File); ok && isTerminal(term) {
-		p = &progress{w: term, start: start}
+	p := c.newProgress("prune", "deleted", "rows")
+	if p.tty {
 		count := opts
 		count.DryRun = true
 		if res, err := txhook.Prune(ctx, conn, count); err == nil {
 			p.total = res.Deleted
 		}
-		opts.Progress = p.update
 	}
+	opts.Progress = p.update
 	res, err := txhook.Prune(ctx, conn, opts)
 	elapsed := time.Since(start)
-	if p != nil {
-		p.finish()
-	}
+	p.finish()
 	if err != nil {
 		return fmt.Errorf("stopped after deleting %d %s: %w", res.Deleted, what, err)
 	}
 	if res.Locked {
-		fmt.Fprintf(c.stderr, "txhook prune: another pruner holds the pruning lock and is deleting; stopped after %d rows\n", res.Deleted)
+		fmt.Fprintf(c.stderr, "%s prune: another pruner holds the pruning lock and is deleting; stopped after %d rows\n", c.name, res.Deleted)
 	}
 	if res.Cutoff.IsZero() {
 		// The lock was held before this run read its cutoff.
@@ -116,29 +113,51 @@ func isTerminal(f *os.File) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// progress rewrites one line on a terminal, at most a few times a second.
+// progress reports a long command's progress on stderr: on a terminal, one
+// line that rewrites itself a few times a second; otherwise a line every
+// progressEvery, for logs.
 type progress struct {
-	w       io.Writer
-	start   time.Time
-	total   int64
-	last    time.Time
-	printed bool
+	w           io.Writer
+	prefix      string
+	verb, noun  string
+	tty         bool
+	every       time.Duration
+	start, last time.Time
+	total       int64
+	printed     bool
 }
 
-func (p *progress) update(deleted int64) {
+func (c *cli) newProgress(command, verb, noun string) *progress {
+	f, ok := c.stderr.(*os.File)
+	p := &progress{w: c.stderr, prefix: c.name + " " + command + ": ", verb: verb, noun: noun,
+		tty: ok && isTerminal(f), every: c.progressEvery, start: time.Now()}
+	if p.tty {
+		p.every = 200 * time.Millisecond
+	}
+	p.last = p.start
+	return p
+}
+
+func (p *progress) update(done int64) {
 	now := time.Now()
-	if now.Sub(p.last) < 200*time.Millisecond {
+	if now.Sub(p.last) < p.every {
 		return
 	}
 	p.last = now
-	p.printed = true
-	line := fmt.Sprintf("deleted %d rows", deleted)
+	line := fmt.Sprintf("%s %d %s so far", p.verb, done, p.noun)
 	if p.total > 0 {
-		line = fmt.Sprintf("deleted %d of about %d rows (%.0f%%)", deleted, p.total, 100*float64(deleted)/float64(p.total))
+		line = fmt.Sprintf("%s %d of about %d %s (%.0f%%)", p.verb, done, p.total, p.noun, 100*float64(done)/float64(p.total))
 	}
-	fmt.Fprintf(p.w, "\r\033[K%s, %.0f rows/s", line, rate(deleted, now.Sub(p.start)))
+	line = fmt.Sprintf("%s, %.0f %s/s", line, rate(done, now.Sub(p.start)), p.noun)
+	if p.tty {
+		p.printed = true
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		return
+	}
+	fmt.Fprintf(p.w, "%s%s\n", p.prefix, line)
 }
 
+// finish clears a terminal's progress line.
 func (p *progress) finish() {
 	if p.printed {
 		fmt.Fprint(p.w, "\r\033[K")

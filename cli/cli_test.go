@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 func txhookCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = run(t.Context(), args, &out, &errOut)
+	code = run(t.Context(), args, env{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, progressEvery: time.Hour}, nil)
 	return code, out.String(), errOut.String()
 }
 
@@ -68,45 +68,74 @@ func count(t *testing.T, pool *pgxpool.Pool, where string) int {
 	return n
 }
 
-func TestUsageErrorsAndHelp(t *testing.T) {
+func TestHelpGoesToStdout(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "Commands:"},
+		{[]string{"help"}, "Commands:"},
+		{[]string{"help", "prune"}, "Usage: txhook prune"},
+		{[]string{"help", "replay"}, "Usage: txhook replay"},
+		{[]string{"migrate", "--help"}, "Usage: txhook migrate"},
+		{[]string{"events", "list", "--help"}, "--since"},
+		{[]string{"events", "show", "--help"}, "SOURCE KEY"},
+		{[]string{"dead-letters", "--help"}, "Usage: txhook dead-letters"},
+		{[]string{"replay", "--help"}, "--dry-run"},
+		{[]string{"stats", "--help"}, "Usage: txhook stats"},
+		{[]string{"prune", "--help"}, "--older-than"},
+	} {
+		code, out, errOut := txhookCLI(t, c.args...)
+		if code != 0 || !strings.Contains(out, c.want) || errOut != "" {
+			t.Errorf("txhook %q: exit %d, stdout %q, stderr %q; want exit 0 and %q on stdout only", c.args, code, out, errOut, c.want)
+		}
+	}
+}
+
+func TestOneErrorLinePerMistake(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		args   []string
-		code   int
 		stderr string
 	}{
-		{nil, 2, "Commands:"},
-		{[]string{"--help"}, 0, "Commands:"},
-		{[]string{"help"}, 0, "Commands:"},
-		{[]string{"help", "prune"}, 0, "Usage: txhook prune"},
-		{[]string{"bogus"}, 2, `unknown command "bogus"`},
-		{[]string{"--bogus"}, 2, "flag provided but not defined"},
-		{[]string{"migrate", "--help"}, 0, "Usage: txhook migrate"},
-		{[]string{"migrate"}, 2, "missing subcommand"},
-		{[]string{"migrate", "sideways"}, 2, `unknown subcommand "sideways"`},
-		{[]string{"migrate", "down", "zero"}, 2, "N must be a positive number"},
-		{[]string{"migrate", "down", "1", "--all"}, 2, "not both"},
-		{[]string{"events"}, 2, "missing subcommand"},
-		{[]string{"events", "list", "--help"}, 0, "--since"},
-		{[]string{"events", "list", "--status", "lost"}, 2, "--status must be"},
-		{[]string{"events", "list", "--since", "last tuesday"}, 2, "--since"},
-		{[]string{"events", "list", "--limit", "0"}, 2, "--limit"},
-		{[]string{"events", "show", "--help"}, 0, "SOURCE KEY"},
-		{[]string{"events", "show", "stripe"}, 2, "want SOURCE and KEY"},
-		{[]string{"stats", "--help"}, 0, "Usage: txhook stats"},
-		{[]string{"stats", "extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"prune", "--help"}, 0, "--older-than"},
-		{[]string{"prune", "--older-than", "soon"}, 2, "invalid duration"},
-		{[]string{"prune", "--older-than", "0s"}, 2, "more than 0"},
-		{[]string{"prune", "--batch", "0"}, 2, "--batch"},
+		{[]string{"bogus"}, `txhook: unknown command "bogus" (see txhook --help)`},
+		{[]string{"--bogus"}, "txhook: flag provided but not defined: -bogus (see txhook --help)"},
+		{[]string{"prune", "--bogus"}, "txhook prune: flag provided but not defined: -bogus (see txhook prune --help)"},
+		{[]string{"events", "list", "--bogus", "x"}, "txhook events: flag provided but not defined: -bogus"},
+		{[]string{"migrate"}, "missing subcommand"},
+		{[]string{"migrate", "sideways"}, `unknown subcommand "sideways"`},
+		{[]string{"migrate", "down", "zero"}, "N must be a positive number"},
+		{[]string{"migrate", "down", "1", "--all"}, "not both"},
+		{[]string{"migrate", "up", "--yes"}, "--yes goes with down --all only"},
+		{[]string{"events"}, "missing subcommand"},
+		{[]string{"events", "list", "--status", "lost"}, "--status must be"},
+		{[]string{"events", "list", "--since", "last tuesday"}, "--since"},
+		{[]string{"events", "list", "--limit", "0"}, "--limit"},
+		{[]string{"events", "show", "stripe"}, "want SOURCE and KEY"},
+		{[]string{"dead-letters", "extra"}, `unexpected argument "extra"`},
+		{[]string{"replay"}, "want SOURCE and KEY, or --all"},
+		{[]string{"replay", "--all", "stripe", "evt_1"}, "not both"},
+		{[]string{"replay", "--source", "stripe", "stripe", "evt_1"}, "--source and --type go with --all"},
+		{[]string{"stats", "extra"}, `unexpected argument "extra"`},
+		{[]string{"prune", "--older-than", "soon"}, "invalid duration"},
+		{[]string{"prune", "--older-than", "0s"}, "more than 0"},
+		{[]string{"prune", "--batch", "0"}, "--batch"},
 	} {
 		code, out, errOut := txhookCLI(t, c.args...)
-		if code != c.code || !strings.Contains(errOut, c.stderr) {
-			t.Errorf("txhook %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errOut, c.code, c.stderr)
+		if code != 2 || !strings.Contains(errOut, c.stderr) {
+			t.Errorf("txhook %q: exit %d, stderr %q; want exit 2 and %q", c.args, code, errOut, c.stderr)
 		}
-		if c.code == 2 && out != "" {
-			t.Errorf("txhook %q: usage error wrote to stdout: %q", c.args, out)
+		if n := strings.Count(errOut, "\n"); n != 1 {
+			t.Errorf("txhook %q: %d lines on stderr, want one:\n%s", c.args, n, errOut)
 		}
+		if out != "" {
+			t.Errorf("txhook %q: a usage error wrote to stdout: %q", c.args, out)
+		}
+	}
+	// No command at all: the usage, on stderr.
+	if code, out, errOut := txhookCLI(t); code != 2 || out != "" || !strings.Contains(errOut, "Commands:") {
+		t.Errorf("txhook: exit %d, stdout %q, stderr %q; want 2 and the usage on stderr", code, out, errOut)
 	}
 }
 
@@ -174,7 +203,7 @@ func TestMigrate(t *testing.T) {
 	if v := migrationVersion(t, d.URL); v >= int(latest) || v == 0 {
 		t.Errorf("version after down = %d, want between 0 and %d", v, latest)
 	}
-	mustRun(t, d.URL, "migrate", "down", "--all")
+	mustRun(t, d.URL, "migrate", "down", "--all", "--yes")
 	if v := migrationVersion(t, d.URL); v != 0 || tableExists() {
 		t.Errorf("after down --all: version %d, table exists %v", v, tableExists())
 	}
@@ -289,7 +318,7 @@ func TestStats(t *testing.T) {
 		`github\s+0\s+1\s+0\s+1\s*\n` +
 		`stripe\s+1\s+3\s+2\s+6\s*\n` +
 		`\(all\)\s+1\s+4\s+2\s+7\s*\n\n` +
-		`failed events: 2 \(txhook events list --status failed\)\n` +
+		`failed events: 2 \(txhook dead-letters\)\n` +
 		`oldest in-progress lease: stripe evt_busy_1, claimed 3h0m\d+s ago \(attempt 1\), lease expired 2h59m\d+s ago\n$`)
 	if !want.MatchString(out) {
 		t.Errorf("stats printed:\n%s", out)

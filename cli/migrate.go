@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -8,17 +8,19 @@ import (
 	"github.com/txhook/txhook/migrations"
 )
 
-const migrateUsage = `migrate up | down [N] | down --all | version
+const migrateUsage = `migrate up | down [N] | down --all [--yes] | version
 
   up        apply every migration not yet applied
   down [N]  roll back the N most recent migrations (default 1)
-  down --all
-            roll back every migration: drops txhook's tables and the events in them
+  down --all [--yes]
+            roll back every migration: drops txhook's tables and the events in
+            them, after a question on the terminal (or with --yes)
   version   print the applied and the latest migration version`
 
 func runMigrate(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("migrate", migrateUsage)
 	all := fs.Bool("all", false, "with down: roll back every migration")
+	yes := fs.Bool("yes", false, "with down --all: do not ask for confirmation")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -28,6 +30,9 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 	}
 	if *all && pos[0] != "down" {
 		return usagef("--all goes with down only")
+	}
+	if *yes && !*all {
+		return usagef("--yes goes with down --all only")
 	}
 	switch sub, rest := pos[0], pos[1:]; sub {
 	case "up":
@@ -60,6 +65,11 @@ func runMigrate(ctx context.Context, c *cli, args []string) error {
 		u, err := c.url()
 		if err != nil {
 			return err
+		}
+		if *all && !*yes {
+			if err := c.confirm("migrate down --all drops txhook's tables and every event in them", "--yes"); err != nil {
+				return err
+			}
 		}
 		if err := migrations.Down(ctx, u, n); err != nil {
 			return err
@@ -95,7 +105,7 @@ func (c *cli) printVersion(ctx context.Context, u string) error {
 	case v > latest:
 		state = "newer than this txhook"
 	case v < latest:
-		state = "pending migrations: run txhook migrate up"
+		state = "pending migrations: run " + c.name + " migrate up"
 	}
 	fmt.Fprintf(c.stdout, "version %d (latest %d, %s)\n", v, latest, state)
 	if dirty {

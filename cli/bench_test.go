@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"strconv"
@@ -15,7 +15,7 @@ import (
 // progress. It is slow (it builds the table for each batch size) and runs
 // only when asked for:
 //
-//	TEST_DATABASE_URL=postgres://... go test -run '^$' -bench MillionRows -benchtime 1x ./cmd/txhook
+//	TEST_DATABASE_URL=postgres://... go test -run '^$' -bench MillionRows -benchtime 1x ./cli
 //
 // It reports the prune's deleted rows per second and the time each command
 // took.
@@ -91,6 +91,6 @@ func BenchmarkMillionRows(b *testing.B) {
 
 func runForBench(b *testing.B, url string, args ...string) (int, string, string) {
 	var out, errOut strings.Builder
-	code := run(b.Context(), append([]string{"--database-url", url}, args...), &out, &errOut)
+	code := run(b.Context(), append([]string{"--database-url", url}, args...), env{stdout: &out, stderr: &errOut, progressEvery: time.Hour}, nil)
 	return code, out.String(), errOut.String()
 }

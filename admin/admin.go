@@ -1,0 +1,177 @@
+package admin
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/txhook/txhook"
+)
+
+//go:embed templates/*.html templates/style.css
+var assets embed.FS
+
+// Config configures the console. The zero value (or nil) gives a read-only
+// console with the defaults.
+type Config struct {
+	// AllowWrites enables Replay and Discard of dead letters. Defaults to
+	// false: the console only reads, shows no write buttons and answers
+	// every write 403.
+	AllowWrites bool
+	// Replayer replays dead letters through the application's handlers.
+	// Without it (the default) the console offers Discard but not Replay.
+	Replayer *txhook.Replayer
+	// User returns the name of the user making a request, for the log of
+	// writes (for example the HTTP basic auth user that the application's
+	// middleware checked). Defaults to none: writes are logged as "unknown".
+	User func(*http.Request) string
+	// Logger receives a line for every write: who, what and the outcome.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// HidePayloads shows only the size of stored payloads, which may hold
+	// personal data. Defaults to false: payloads are shown.
+	HidePayloads bool
+	// PageSize is the number of events on a page. Defaults to 50; at most
+	// 500.
+	PageSize int
+	// QueryTimeout bounds the queries of one request. Defaults to 10 s.
+	QueryTimeout time.Duration
+	// ChartHours is how many hours the overview's chart of events settled
+	// per minute covers. Defaults to 3; at most 24.
+	ChartHours int
+}
+
+// Handler is the console, an http.Handler. Mount it with http.StripPrefix
+// under a path of its own (see the package documentation). It is safe for
+// concurrent use.
+type Handler struct {
+	db      txhook.Querier
+	cfg     Config
+	csrfKey []byte
+	pages   map[string]*template.Template
+	mux     *http.ServeMux
+	cop     *http.CrossOriginProtection
+}
+
+// New returns the console for the events table in db (a *pgxpool.Pool, for
+// example). It panics if db is nil.
+func New(db txhook.Querier, cfg *Config) *Handler {
+	if db == nil {
+		panic("admin: New: nil database")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.PageSize <= 0 {
+		c.PageSize = 50
+	}
+	c.PageSize = min(c.PageSize, 500)
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = 10 * time.Second
+	}
+	if c.ChartHours <= 0 {
+		c.ChartHours = 3
+	}
+	c.ChartHours = min(c.ChartHours, 24)
+	key := make([]byte, 32)
+	rand.Read(key) // never returns an error
+	h := &Handler{db: db, cfg: c, csrfKey: key, pages: parsePages(), cop: http.NewCrossOriginProtection()}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", h.overview)
+	mux.HandleFunc("GET /events", h.events)
+	mux.HandleFunc("GET /event", h.event)
+	mux.HandleFunc("GET /dead-letters", h.deadLetters)
+	mux.HandleFunc("POST /replay", h.replay)
+	mux.HandleFunc("POST /discard", h.discard)
+	mux.HandleFunc("GET /style.css", serveStyle)
+	h.mux = mux
+	return h
+}
+
+// ServeHTTP serves the console's pages and writes.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	w.Header().Set("Cache-Control", "no-store")
+	h.mux.ServeHTTP(w, r)
+}
+
+func serveStyle(w http.ResponseWriter, r *http.Request) {
+	b, err := assets.ReadFile("templates/style.css")
+	if err != nil {
+		http.Error(w, "no style sheet", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/css; charset=utf-8")
+	w.Header().Set("Cache-Control", "max-age=3600")
+	w.Write(b)
+}
+
+// The CSRF token is a signed double-submit cookie: the cookie holds a random
+// value, and every form carries its HMAC under a key that lives only in this
+// Handler. A write must present both, and they must match.
+const (
+	csrfCookie = "txhook_csrf"
+	csrfField  = "csrf"
+)
+
+// csrfToken returns the form token for r, setting the cookie when r has
+// none.
+func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
+		return h.sign(c.Value)
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	v := hex.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{
+		Name: csrfCookie, Value: v, Path: "/", HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+	})
+	return h.sign(v)
+}
+
+func (h *Handler) sign(v string) string {
+	m := hmac.New(sha256.New, h.csrfKey)
+	m.Write([]byte(v))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// checkCSRF reports whether the POST r carries a valid token.
+func (h *Handler) checkCSRF(r *http.Request) bool {
+	if h.cop.Check(r) != nil {
+		return false
+	}
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || c.Value == "" {
+		return false
+	}
+	got, err := hex.DecodeString(r.PostFormValue(csrfField))
+	if err != nil {
+		return false
+	}
+	want, _ := hex.DecodeString(h.sign(c.Value))
+	return hmac.Equal(got, want)
+}
+
+// user names the user making r, for the log.
+func (h *Handler) user(r *http.Request) string {
+	if h.cfg.User != nil {
+		if u := h.cfg.User(r); u != "" {
+			return u
+		}
+	}
+	return "unknown"
+}

@@ -1,0 +1,57 @@
+// Package admin is txhook's operator console: an http.Handler that shows the
+// events table and lets an operator replay or discard dead letters (events
+// whose handler failed permanently).
+//
+// The application mounts it under its own authentication, for example:
+//
+//	console := admin.New(pool, &admin.Config{
+//		AllowWrites: true,
+//		Replayer:    replayer, // txhook.NewReplayer with the application's handlers
+//		User: func(r *http.Request) string {
+//			user, _, _ := r.BasicAuth()
+//			return user
+//		},
+//	})
+//	mux.Handle("/txhook/", http.StripPrefix("/txhook", requireAdmin(console)))
+//
+// The console never checks who is asking: that is the application's
+// middleware's job (requireAdmin above). It has no login, no session and no
+// JavaScript; its pages are rendered on the server with html/template and
+// its style sheet is embedded.
+//
+// # Pages
+//
+//   - Overview: events per source and status, events settled per minute over
+//     the last hours (a chart), events in flight and the oldest of them, dead
+//     letters, and the size of the table.
+//   - Events: filtered by source, status, type and time, a page at a time.
+//   - Event: every column of one event, its payload (pretty-printed JSON),
+//     and for lease mode its lease and fencing token.
+//   - Dead letters: failed events, with Replay and Discard for one or the
+//     selected ones.
+//
+// # Cost on a large table
+//
+// Every query reads through one of the table's indexes and stops at a page
+// size or a time bound: pages are found by keyset pagination (never OFFSET),
+// and the overview counts only failed and in-progress events (few) and the
+// events settled in the last day, never the whole table (its total is the
+// planner's estimate). Each request's queries are bounded by
+// Config.QueryTimeout.
+//
+// # Writes
+//
+// Replay and Discard change the table only when Config.AllowWrites is set;
+// otherwise the pages show no write buttons and the console answers every
+// write 403. Every write is a POST carrying a CSRF token (a signed
+// double-submit cookie; cross-origin POSTs are also refused by
+// http.CrossOriginProtection) and is logged with the user that Config.User
+// names. Replay goes through the application's txhook.Replayer, with the
+// exactly-once rules of a delivery.
+//
+// # What it shows
+//
+// The console shows what the events table holds: keys, types, statuses,
+// errors and payloads. It holds no secret of its own. Payloads may hold
+// personal data: Config.HidePayloads shows only their size.
+package admin

@@ -1,0 +1,182 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook"
+)
+
+func runDeadLetters(ctx context.Context, c *cli, args []string) error {
+	fs := c.newFlags("dead-letters", "dead-letters [--source S] [--type T] [--limit N] [--json]")
+	var f txhook.DeadLetterFilter
+	fs.StringVar(&f.Source, "source", "", "only failed events of this source")
+	fs.StringVar(&f.Type, "type", "", "only failed events of this type")
+	fs.IntVar(&f.Limit, "limit", 100, "show at most N events, oldest first")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if f.Limit < 1 {
+		return usagef("--limit must be at least 1")
+	}
+	conn, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	evs, err := txhook.ListDeadLetters(ctx, conn, f)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, evs)
+	}
+	if len(evs) == 0 {
+		fmt.Fprintln(c.stdout, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tKEY\tTYPE\tATTEMPTS\tFAILED\tPAYLOAD\tLAST ERROR")
+	for _, e := range evs {
+		payload := "not stored"
+		if e.HasPayload {
+			payload = fmt.Sprintf("%d bytes", e.PayloadSize)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cell(e.Source, 40), cell(e.Key, 60), cell(e.Type, 40),
+			e.Attempts, formatTime(e.CompletedAt), payload, cell(e.LastError, 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "\n%d dead letters shown, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", len(evs), c.name, c.name)
+	return nil
+}
+
+const replayUsage = `replay [--dry-run] SOURCE KEY
+       replay --all [--source S] [--type T] [--limit N] [--dry-run]
+
+Runs failed events (dead letters) again through the application's handlers,
+each in its own transaction, exactly once: the handler's writes and the event's
+new status commit together. --dry-run lists what would be replayed.`
+
+func runReplay(ctx context.Context, c *cli, args []string) error {
+	fs := c.newFlags("replay", replayUsage)
+	all := fs.Bool("all", false, "replay every dead letter that the filters select, oldest first")
+	var f txhook.DeadLetterFilter
+	fs.StringVar(&f.Source, "source", "", "with --all: only failed events of this source")
+	fs.StringVar(&f.Type, "type", "", "with --all: only failed events of this type")
+	fs.IntVar(&f.Limit, "limit", 1000, "with --all: replay at most N events")
+	dryRun := fs.Bool("dry-run", false, "list the events that would be replayed; change nothing")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *all && len(pos) > 0:
+		return usagef("replay takes SOURCE KEY or --all, not both")
+	case !*all && len(pos) != 2:
+		return usagef("want SOURCE and KEY, or --all, got %d arguments", len(pos))
+	case !*all && (f.Source != "" || f.Type != ""):
+		return usagef("--source and --type go with --all")
+	case f.Limit < 1:
+		return usagef("--limit must be at least 1")
+	case !*dryRun && c.cfg.NewReplayer == nil:
+		return usagef("replay runs the application's handlers, which %s does not have: run it from the application's own binary (package github.com/txhook/txhook/cli), or list what it would replay with --dry-run", c.name)
+	}
+	u, err := c.url()
+	if err != nil {
+		return err
+	}
+	pcfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return fmt.Errorf("parse database URL: %w", err)
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+
+	var events []txhook.EventRecord
+	if *all {
+		if events, err = txhook.ListDeadLetters(ctx, pool, f); err != nil {
+			return err
+		}
+	} else {
+		e, err := txhook.GetEventRecord(ctx, pool, pos[0], pos[1])
+		if errors.Is(err, txhook.ErrEventNotFound) {
+			return fmt.Errorf("no event with source %q and key %q", pos[0], pos[1])
+		}
+		if err != nil {
+			return err
+		}
+		if e.Status != txhook.StatusFailed {
+			return fmt.Errorf("event %s %s is %s, not failed: nothing to replay", cell(e.Source, 0), cell(e.Key, 0), e.Status)
+		}
+		events = []txhook.EventRecord{e}
+	}
+	if *dryRun {
+		n := 0
+		for _, e := range events {
+			if !e.HasPayload {
+				fmt.Fprintf(c.stdout, "cannot replay %s %s (%s): payload not stored\n", cell(e.Source, 40), cell(e.Key, 60), cell(e.Type, 40))
+				continue
+			}
+			n++
+			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, failed %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
+				cell(e.Type, 40), e.Attempts, formatTime(e.CompletedAt), cell(e.LastError, 80))
+		}
+		fmt.Fprintf(c.stdout, "would replay %d of %d dead letters\n", n, len(events))
+		return nil
+	}
+
+	r, err := c.cfg.NewReplayer(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("new replayer: %w", err)
+	}
+	p := c.newProgress("replay", "replayed", "events")
+	p.total = int64(len(events))
+	var processed, failed, errs int
+	for i, e := range events {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("stopped after %d of %d events: %w", i, len(events), err)
+		}
+		res, err := r.Replay(ctx, e.Source, e.Key)
+		what := cell(e.Source, 40) + " " + cell(e.Key, 60)
+		switch {
+		case err != nil:
+			errs++
+			fmt.Fprintf(c.stdout, "not replayed %s: %v\n", what, err)
+		case res.Outcome == txhook.OutcomeProcessed:
+			processed++
+			fmt.Fprintf(c.stdout, "replayed %s: processed\n", what)
+		case res.Outcome == txhook.OutcomeDuplicate:
+			fmt.Fprintf(c.stdout, "replayed %s: already done, nothing ran\n", what)
+		case res.Outcome == txhook.OutcomeFailed:
+			failed++
+			fmt.Fprintf(c.stdout, "replayed %s: failed again, still a dead letter: %v\n", what, res.Err)
+		default:
+			fmt.Fprintf(c.stdout, "replayed %s: %s\n", what, res.Outcome)
+		}
+		if !p.tty { // on a terminal the lines above are the progress
+			p.update(int64(i + 1))
+		}
+	}
+	if *all {
+		fmt.Fprintf(c.stdout, "%d of %d dead letters processed, %d failed again, %d not replayed\n", processed, len(events), failed, errs)
+	}
+	if failed+errs > 0 {
+		return fmt.Errorf("%d of %d events not processed", failed+errs, len(events))
+	}
+	return nil
+}
