@@ -20,10 +20,10 @@ func TestAnswerBodies(t *testing.T) {
 	}
 	k := bodyKey{ok: false, outcome: "not_an_outcome"}
 	checkAnswerBody(t, k, answerBody(http.StatusInternalServerError, k.outcome))
-	if got := answerBody(http.StatusOK, OutcomeProcessed); string(got) != "{\"status\":\"processed\"}\n" {
+	if got := answerBody(http.StatusOK, AnswerProcessed); string(got) != "{\"status\":\"processed\"}\n" {
 		t.Errorf("processed body = %q", got)
 	}
-	if got := answerBody(http.StatusConflict, OutcomeInFlight); string(got) != "{\"error\":\"in_flight\",\"message\":\"event is being processed; retry later\"}\n" {
+	if got := answerBody(http.StatusConflict, AnswerInFlight); string(got) != "{\"error\":\"in_flight\",\"message\":\"event is being processed; retry later\"}\n" {
 		t.Errorf("in-flight body = %q", got)
 	}
 }

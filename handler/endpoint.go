@@ -55,7 +55,7 @@ type Config struct {
 	Provider Provider
 	// Routes maps event types to routes. A type with no route (and no
 	// Fallback) is answered 200 without running or writing anything, and
-	// logged and reported as OutcomeIgnored.
+	// logged and reported as AnswerIgnored.
 	Routes map[string]Route
 	// Fallback, if set, handles every type that Routes lacks.
 	Fallback Route
@@ -262,9 +262,9 @@ func (e *Endpoint) TxHandler(eventType string) (txhook.HandlerFunc, bool) {
 	return tr.TxHandler(), true
 }
 
-// answer is the outcome of one delivery, before it is written.
-type answer struct {
-	outcome    Outcome
+// reply is the answer to one delivery, before it is written.
+type reply struct {
+	outcome    Answer
 	status     int
 	retryAfter time.Duration
 	err        error
@@ -286,19 +286,19 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Source:   e.source,
 		Key:      clip(d.Key),
 		Type:     clip(d.Type),
-		Outcome:  a.outcome,
+		Answer:   a.outcome,
 		Status:   a.status,
 		Duration: time.Since(start),
 		Err:      a.err,
 	})
 }
 
-func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) answer {
+func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) reply {
 	if r.Method != http.MethodPost {
-		return answer{outcome: OutcomeMethodNotAllowed, status: http.StatusMethodNotAllowed}
+		return reply{outcome: AnswerMethodNotAllowed, status: http.StatusMethodNotAllowed}
 	}
 	if r.ContentLength > e.maxBody {
-		return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge}
+		return reply{outcome: AnswerTooLarge, status: http.StatusRequestEntityTooLarge}
 	}
 	if e.readWait > 0 {
 		// Not every ResponseWriter can (a test recorder): then the server's
@@ -308,31 +308,31 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	body, err := readBody(http.MaxBytesReader(w, r.Body, e.maxBody), r.ContentLength, e.maxBody)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return answer{outcome: OutcomeTooLarge, status: http.StatusRequestEntityTooLarge, err: err}
+			return reply{outcome: AnswerTooLarge, status: http.StatusRequestEntityTooLarge, err: err}
 		}
-		return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: fmt.Errorf("read body: %w", err)}
+		return reply{outcome: AnswerBadRequest, status: http.StatusBadRequest, err: fmt.Errorf("read body: %w", err)}
 	}
 	if err := e.provider.Verify(r.Header, body, e.now()); err != nil {
 		if errors.Is(err, ErrTimestamp) {
-			return answer{outcome: OutcomeStaleTimestamp, status: http.StatusBadRequest, err: err}
+			return reply{outcome: AnswerStaleTimestamp, status: http.StatusBadRequest, err: err}
 		}
-		return answer{outcome: OutcomeBadSignature, status: http.StatusBadRequest, err: err}
+		return reply{outcome: AnswerBadSignature, status: http.StatusBadRequest, err: err}
 	}
 	*d, err = e.provider.Extract(r.Header, body)
 	if err != nil {
-		return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
+		return reply{outcome: AnswerBadRequest, status: http.StatusBadRequest, err: err}
 	}
-	quiet := OutcomePing // answered 200 without running a route
+	quiet := AnswerPing // answered 200 without running a route
 	route, ok := e.Route(d.Type)
 	switch {
 	case d.Ping:
 	case !ok:
-		quiet = OutcomeIgnored
+		quiet = AnswerIgnored
 	default:
 		quiet = ""
 	}
 	if quiet != "" && e.guard == nil {
-		return answer{outcome: quiet, status: http.StatusOK}
+		return reply{outcome: quiet, status: http.StatusOK}
 	}
 	ev := txhook.Event{Source: e.source, Key: d.Key, Type: d.Type, Payload: body}
 	if e.guard != nil {
@@ -343,14 +343,14 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) an
 	res, err := route.Apply(ctx, e.proc, ev)
 	if re, ok := errors.AsType[*txhook.ReplayError](err); ok {
 		e.logReplay(ctx, ev, re.Key)
-		return answer{outcome: OutcomeReplay, status: http.StatusOK}
+		return reply{outcome: AnswerReplay, status: http.StatusOK}
 	}
 	if errors.Is(err, txhook.ErrReplayInFlight) {
 		// Another delivery of the same body holds the guard's lock.
 		return e.mapResult(txhook.Result{Outcome: txhook.OutcomeInFlight, RetryAfter: guardRetryAfter}, nil)
 	}
 	a := e.mapResult(res, err)
-	if quiet != "" && a.outcome == OutcomeProcessed {
+	if quiet != "" && a.outcome == AnswerProcessed {
 		a.outcome = quiet // recorded for the guard; nothing else ran
 	}
 	return a
@@ -365,28 +365,28 @@ func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original stri
 		slog.String("original_key", original))
 }
 
-func (e *Endpoint) mapResult(res txhook.Result, err error) answer {
+func (e *Endpoint) mapResult(res txhook.Result, err error) reply {
 	if err != nil {
 		switch {
 		case errors.Is(err, txhook.ErrInvalidEvent):
-			return answer{outcome: OutcomeBadRequest, status: http.StatusBadRequest, err: err}
+			return reply{outcome: AnswerBadRequest, status: http.StatusBadRequest, err: err}
 		case unavailable(err):
-			return answer{outcome: OutcomeUnavailable, status: http.StatusServiceUnavailable, retryAfter: unavailableRetryAfter, err: err}
+			return reply{outcome: AnswerUnavailable, status: http.StatusServiceUnavailable, retryAfter: unavailableRetryAfter, err: err}
 		}
-		return answer{outcome: OutcomeError, status: http.StatusInternalServerError, err: err}
+		return reply{outcome: AnswerError, status: http.StatusInternalServerError, err: err}
 	}
 	switch res.Outcome {
 	case txhook.OutcomeProcessed:
-		return answer{outcome: OutcomeProcessed, status: http.StatusOK}
+		return reply{outcome: AnswerProcessed, status: http.StatusOK}
 	case txhook.OutcomeDuplicate:
-		return answer{outcome: OutcomeDuplicate, status: http.StatusOK}
+		return reply{outcome: AnswerDuplicate, status: http.StatusOK}
 	case txhook.OutcomeFailed:
 		// Recorded for an operator to replay; the sender must stop retrying.
-		return answer{outcome: OutcomeFailed, status: http.StatusOK, err: res.Err}
+		return reply{outcome: AnswerFailed, status: http.StatusOK, err: res.Err}
 	case txhook.OutcomeInFlight:
-		return answer{outcome: OutcomeInFlight, status: e.inFlight, retryAfter: max(res.RetryAfter, time.Second)}
+		return reply{outcome: AnswerInFlight, status: e.inFlight, retryAfter: max(res.RetryAfter, time.Second)}
 	}
-	return answer{outcome: OutcomeError, status: http.StatusInternalServerError,
+	return reply{outcome: AnswerError, status: http.StatusInternalServerError,
 		err: fmt.Errorf("apply event: unexpected outcome %v", res.Outcome)}
 }
 
@@ -433,19 +433,19 @@ func retrySeconds(d time.Duration) int64 {
 
 // messages are the fixed texts sent with each outcome; they carry no
 // details of the delivery, the handler or the database.
-var messages = map[Outcome]string{
-	OutcomeMethodNotAllowed: "use POST",
-	OutcomeTooLarge:         "body too large",
-	OutcomeBadSignature:     "signature missing or invalid",
-	OutcomeStaleTimestamp:   "timestamp missing or outside tolerance",
-	OutcomeBadRequest:       "malformed delivery or invalid event key",
-	OutcomeInFlight:         "event is being processed; retry later",
-	OutcomeError:            "event not processed; retry later",
-	OutcomeUnavailable:      "service unavailable; retry later",
+var messages = map[Answer]string{
+	AnswerMethodNotAllowed: "use POST",
+	AnswerTooLarge:         "body too large",
+	AnswerBadSignature:     "signature missing or invalid",
+	AnswerStaleTimestamp:   "timestamp missing or outside tolerance",
+	AnswerBadRequest:       "malformed delivery or invalid event key",
+	AnswerInFlight:         "event is being processed; retry later",
+	AnswerError:            "event not processed; retry later",
+	AnswerUnavailable:      "service unavailable; retry later",
 }
 
 // writeJSON writes the answer's JSON body (see answerBody) with its status.
-func writeJSON(w http.ResponseWriter, status int, o Outcome) {
+func writeJSON(w http.ResponseWriter, status int, o Answer) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -456,7 +456,7 @@ func writeJSON(w http.ResponseWriter, status int, o Outcome) {
 // answerBody returns {"status":"<outcome>"} for 2xx answers and
 // {"error":"<outcome>","message":"…"} otherwise, followed by a newline. The
 // bodies of the package's outcomes are encoded once, in answerBodies.
-func answerBody(status int, o Outcome) []byte {
+func answerBody(status int, o Answer) []byte {
 	k := bodyKey{ok: status < 300, outcome: o}
 	if b, found := answerBodies[k]; found {
 		return b
@@ -468,17 +468,17 @@ func answerBody(status int, o Outcome) []byte {
 // 2xx.
 type bodyKey struct {
 	ok      bool
-	outcome Outcome
+	outcome Answer
 }
 
 // answerBodies holds the encoded body of every outcome, for both classes of
 // status. It is never modified after initialisation.
 var answerBodies = func() map[bodyKey][]byte {
-	all := []Outcome{
-		OutcomeProcessed, OutcomeDuplicate, OutcomeReplay, OutcomeFailed, OutcomeIgnored,
-		OutcomePing, OutcomeInFlight, OutcomeMethodNotAllowed, OutcomeTooLarge,
-		OutcomeBadSignature, OutcomeStaleTimestamp, OutcomeBadRequest, OutcomeError,
-		OutcomeUnavailable,
+	all := []Answer{
+		AnswerProcessed, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
+		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge,
+		AnswerBadSignature, AnswerStaleTimestamp, AnswerBadRequest, AnswerError,
+		AnswerUnavailable,
 	}
 	m := make(map[bodyKey][]byte, 2*len(all))
 	for _, o := range all {
@@ -494,11 +494,11 @@ func encodeAnswer(k bodyKey) []byte {
 	var v any
 	if k.ok {
 		v = struct {
-			Status Outcome `json:"status"`
+			Status Answer `json:"status"`
 		}{k.outcome}
 	} else {
 		v = struct {
-			Error   Outcome `json:"error"`
+			Error   Answer `json:"error"`
 			Message string  `json:"message"`
 		}{k.outcome, messages[k.outcome]}
 	}
@@ -511,14 +511,14 @@ func (e *Endpoint) report(ctx context.Context, r Report) {
 	switch {
 	case r.Status >= 500:
 		level = slog.LevelError
-	case r.Status >= 400 || r.Outcome == OutcomeFailed:
+	case r.Status >= 400 || r.Answer == AnswerFailed:
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
 		slog.String("source", r.Source),
 		slog.String("key", r.Key),
 		slog.String("type", r.Type),
-		slog.String("outcome", string(r.Outcome)),
+		slog.String("outcome", string(r.Answer)),
 		slog.Int("status", r.Status),
 		slog.Duration("duration", r.Duration),
 	}

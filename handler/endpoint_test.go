@@ -250,7 +250,7 @@ func TestStatusTable(t *testing.T) {
 		e.t = t
 		e.post(p, stripeEvent("evt_1", "invoice.paid")).want(t, 200, "status", "processed")
 		e.wantCounts(1, 1)
-		if r := e.reps.last(t); r.Outcome != handler.OutcomeProcessed || r.Key != "evt_1" || r.Type != "invoice.paid" || r.Status != 200 {
+		if r := e.reps.last(t); r.Answer != handler.AnswerProcessed || r.Key != "evt_1" || r.Type != "invoice.paid" || r.Status != 200 {
 			t.Errorf("report = %+v", r)
 		}
 	})

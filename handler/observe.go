@@ -5,26 +5,26 @@ import (
 	"time"
 )
 
-// Outcome is what the endpoint did with a delivery, as reported to logs and
+// Answer is what the endpoint did with a delivery, as reported to logs and
 // to an Observer. The values are stable and suitable as metric labels.
-type Outcome string
+type Answer string
 
-// Outcomes of a delivery.
+// Answers to a delivery.
 const (
-	OutcomeProcessed        Outcome = "processed"          // 200: handler ran and committed
-	OutcomeDuplicate        Outcome = "duplicate"          // 200: key already committed
-	OutcomeReplay           Outcome = "replay"             // 200: body already seen under another key
-	OutcomeFailed           Outcome = "failed"             // 200: permanent handler error, recorded
-	OutcomeIgnored          Outcome = "ignored"            // 200: no route for the type
-	OutcomePing             Outcome = "ping"               // 200: connectivity check
-	OutcomeInFlight         Outcome = "in_flight"          // 409 or 503: held by another delivery
-	OutcomeMethodNotAllowed Outcome = "method_not_allowed" // 405
-	OutcomeTooLarge         Outcome = "too_large"          // 413
-	OutcomeBadSignature     Outcome = "bad_signature"      // 400: missing or wrong signature
-	OutcomeStaleTimestamp   Outcome = "stale_timestamp"    // 400: signed timestamp out of tolerance
-	OutcomeBadRequest       Outcome = "bad_request"        // 400: unreadable or malformed delivery, invalid key
-	OutcomeError            Outcome = "error"              // 500: handler error
-	OutcomeUnavailable      Outcome = "unavailable"        // 503: database unreachable, commit outcome unknown
+	AnswerProcessed        Answer = "processed"          // 200: handler ran and committed
+	AnswerDuplicate        Answer = "duplicate"          // 200: key already committed
+	AnswerReplay           Answer = "replay"             // 200: body already seen under another key
+	AnswerFailed           Answer = "failed"             // 200: permanent handler error, recorded
+	AnswerIgnored          Answer = "ignored"            // 200: no route for the type
+	AnswerPing             Answer = "ping"               // 200: connectivity check
+	AnswerInFlight         Answer = "in_flight"          // 409 or 503: held by another delivery
+	AnswerMethodNotAllowed Answer = "method_not_allowed" // 405
+	AnswerTooLarge         Answer = "too_large"          // 413
+	AnswerBadSignature     Answer = "bad_signature"      // 400: missing or wrong signature
+	AnswerStaleTimestamp   Answer = "stale_timestamp"    // 400: signed timestamp out of tolerance
+	AnswerBadRequest       Answer = "bad_request"        // 400: unreadable or malformed delivery, invalid key
+	AnswerError            Answer = "error"              // 500: handler error
+	AnswerUnavailable      Answer = "unavailable"        // 503: database unreachable, commit outcome unknown
 )
 
 // Report describes one finished delivery. It never holds secrets or the
@@ -37,8 +37,8 @@ type Report struct {
 	// "…" appended) when longer.
 	Key  string
 	Type string
-	// Outcome is what became of the delivery.
-	Outcome Outcome
+	// Answer is what became of the delivery.
+	Answer Answer
 	// Status is the HTTP status answered.
 	Status int
 	// Duration is the time from receiving the request to answering it.

@@ -7,7 +7,7 @@
 //	ep, err := handler.New(proc, &handler.Config{..., Observer: obs})
 //
 // Two instruments are recorded per delivery, both with the attributes
-// txhook.source, txhook.outcome (handler.Outcome) and
+// txhook.source, txhook.outcome (handler.Answer) and
 // http.response.status_code:
 //
 //	txhook.handler.deliveries   counter of deliveries
@@ -67,7 +67,7 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 func (o *Observer) ObserveDelivery(ctx context.Context, r handler.Report) {
 	attrs := metric.WithAttributeSet(attribute.NewSet(
 		attribute.String("txhook.source", r.Source),
-		attribute.String("txhook.outcome", string(r.Outcome)),
+		attribute.String("txhook.outcome", string(r.Answer)),
 		attribute.Int("http.response.status_code", r.Status),
 	))
 	o.deliveries.Add(ctx, 1, attrs)

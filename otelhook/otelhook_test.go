@@ -44,10 +44,10 @@ func TestObserver(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []handler.Report{
-		{Source: "stripe", Key: "evt_1", Outcome: handler.OutcomeProcessed, Status: 200, Duration: 20 * time.Millisecond},
-		{Source: "stripe", Key: "evt_1", Outcome: handler.OutcomeDuplicate, Status: 200, Duration: 3 * time.Millisecond},
-		{Source: "stripe", Key: "evt_2", Outcome: handler.OutcomeProcessed, Status: 200, Duration: 2 * time.Second},
-		{Source: "github", Outcome: handler.OutcomeBadSignature, Status: 400, Duration: time.Millisecond},
+		{Source: "stripe", Key: "evt_1", Answer: handler.AnswerProcessed, Status: 200, Duration: 20 * time.Millisecond},
+		{Source: "stripe", Key: "evt_1", Answer: handler.AnswerDuplicate, Status: 200, Duration: 3 * time.Millisecond},
+		{Source: "stripe", Key: "evt_2", Answer: handler.AnswerProcessed, Status: 200, Duration: 2 * time.Second},
+		{Source: "github", Answer: handler.AnswerBadSignature, Status: 400, Duration: time.Millisecond},
 	} {
 		obs.ObserveDelivery(t.Context(), r)
 	}
@@ -128,7 +128,7 @@ func TestObserverOnEndpoint(t *testing.T) {
 		t.Fatalf("data points %+v", sum.DataPoints)
 	}
 	out, _ := sum.DataPoints[0].Attributes.Value("txhook.outcome")
-	if out.AsString() != string(handler.OutcomeBadSignature) {
+	if out.AsString() != string(handler.AnswerBadSignature) {
 		t.Errorf("outcome %q", out.AsString())
 	}
 }
