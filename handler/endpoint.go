@@ -499,7 +499,7 @@ func encodeAnswer(k bodyKey) []byte {
 	} else {
 		v = struct {
 			Error   Answer `json:"error"`
-			Message string  `json:"message"`
+			Message string `json:"message"`
 		}{k.outcome, messages[k.outcome]}
 	}
 	b, _ := json.Marshal(v) // strings only: cannot fail
