@@ -127,7 +127,7 @@ type Config struct {
 	// DefaultRecentKeys (10,000 keys, about 2 MB); a negative value turns
 	// the memory off.
 	RecentKeys int
-	// RecentKeysTTL is how long a settled key is remembered. Defaults to
+	// RecentKeysTTL is how long a done key is remembered. Defaults to
 	// DefaultRecentKeysTTL (10 minutes).
 	RecentKeysTTL time.Duration
 }
