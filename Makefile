@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook
+MODULES := . tests otelhook inbox
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz
 

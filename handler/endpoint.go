@@ -378,6 +378,9 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) answer {
 	switch res.Outcome {
 	case txhook.OutcomeProcessed:
 		return answer{outcome: OutcomeProcessed, status: http.StatusOK}
+	case txhook.OutcomeQueued:
+		// Inbox mode: the event and its job are committed; the job applies it.
+		return answer{outcome: OutcomeQueued, status: http.StatusAccepted}
 	case txhook.OutcomeDuplicate:
 		return answer{outcome: OutcomeDuplicate, status: http.StatusOK}
 	case txhook.OutcomeFailed:
@@ -475,7 +478,7 @@ type bodyKey struct {
 // status. It is never modified after initialisation.
 var answerBodies = func() map[bodyKey][]byte {
 	all := []Outcome{
-		OutcomeProcessed, OutcomeDuplicate, OutcomeReplay, OutcomeFailed, OutcomeIgnored,
+		OutcomeProcessed, OutcomeQueued, OutcomeDuplicate, OutcomeReplay, OutcomeFailed, OutcomeIgnored,
 		OutcomePing, OutcomeInFlight, OutcomeMethodNotAllowed, OutcomeTooLarge,
 		OutcomeBadSignature, OutcomeStaleTimestamp, OutcomeBadRequest, OutcomeError,
 		OutcomeUnavailable,

@@ -12,6 +12,7 @@ type Outcome string
 // Outcomes of a delivery.
 const (
 	OutcomeProcessed        Outcome = "processed"          // 200: handler ran and committed
+	OutcomeQueued           Outcome = "queued"             // 202: accepted in inbox mode, applied later
 	OutcomeDuplicate        Outcome = "duplicate"          // 200: key already committed
 	OutcomeReplay           Outcome = "replay"             // 200: body already seen under another key
 	OutcomeFailed           Outcome = "failed"             // 200: permanent handler error, recorded
