@@ -470,4 +470,3 @@ func runChild(url string) int {
 	fmt.Fprintln(os.Stderr, "no crash point reached within 30s")
 	return 2
 }
-
