@@ -45,10 +45,12 @@ demo:
 	$(GO) run ./cmd/demo
 
 ## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
-## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper.
+## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
+## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once.
 chaos:
 	cd tests && $(GO) run ./chaos
 	cd tests && $(GO) run ./chaos -github
+	cd tests && $(GO) run ./chaos -inbox
 
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
 bench:
