@@ -256,7 +256,7 @@ func ReadStats(ctx context.Context, q Querier) (Stats, error) {
 			ClaimedAt: o.ClaimedAt.Time, LeaseExpiresAt: o.LeaseExpiresAt.Time,
 		}
 	}
-	if err := s.readQueue(ctx, qs); err != nil {
+	if err := s.readQueue(ctx, q); err != nil {
 		return Stats{}, err
 	}
 	return s, nil
