@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -389,9 +390,14 @@ func TestLeaseRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.start(t)
-	s.waitStatus(t, "d-1", txhook.StatusDone)
+	rec := s.waitStatus(t, "d-1", txhook.StatusDone)
 	if n := s.applied(t, "d-1"); n != 1 {
 		t.Fatalf("applied %d times, want 1", n)
+	}
+	// The failed try released its claim at once, recording why (a claim
+	// left to run out would have been taken over without it).
+	if !strings.Contains(rec.LastError, "downstream timed out") {
+		t.Errorf("last error = %q, want the released claim's error", rec.LastError)
 	}
 	mu.Lock()
 	defer mu.Unlock()

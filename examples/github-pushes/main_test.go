@@ -381,7 +381,14 @@ func TestInboxProcessKilledMidJob(t *testing.T) {
 	cmd := start(txhook.CrashPointEnv + "=" + string(txhook.CrashInboxBeforeCommit))
 	s, o := f.deliver(t, "d-mid-job", "push", testSecret, pushBody(t, "fff666", 2))
 	want(t, s, o, 202, "queued")
-	err = cmd.Wait()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the process did not reach its crash point within 60s")
+	}
 	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
 		t.Fatalf("exit = %v, want status %d", err, txhook.CrashExitCode)
 	}
