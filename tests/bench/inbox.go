@@ -60,7 +60,9 @@ type emptyArgs struct {
 
 func (emptyArgs) Kind() string { return "bench_empty" }
 
-type emptyWorker struct{ river.WorkerDefaults[emptyArgs] }
+type emptyWorker struct {
+	river.WorkerDefaults[emptyArgs]
+}
 
 func (emptyWorker) Work(context.Context, *river.Job[emptyArgs]) error { return nil }
 

@@ -83,9 +83,9 @@ type options struct {
 	profile  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
-	dbURL    string
-	tmp      string // the run's temporary folder
-	tag      string // prefix of the run's event keys
+	dbURL            string
+	tmp              string // the run's temporary folder
+	tag              string // prefix of the run's event keys
 	// serverURL is the throwaway cluster's maintenance database, where the
 	// micro-benchmarks create their databases; empty with DATABASE_URL.
 	serverURL string
