@@ -40,7 +40,8 @@ generate:
 unit:
 	@for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
-## demo: the exactly-once story: a duplicate, a crash and its retry, and the naive dedupe losing an event.
+## demo: the exactly-once story: a duplicate, a crash and its retry, the naive dedupe losing an event;
+## then GitHub (never retries) in inbox mode: a push failing once and a process killed mid-job, each applied once.
 demo:
 	$(GO) run ./cmd/demo
 

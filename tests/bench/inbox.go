@@ -114,8 +114,8 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	runCfg.Workers = river.NewWorkers()
 	river.AddWorker(runCfg.Workers, emptyWorker{})
 	runCfg.Queues = map[string]river.QueueConfig{
-		inbox.QueueName: {MaxWorkers: max(c, 4)},
-		"bench_empty":   {MaxWorkers: max(c, 4)},
+		inbox.QueueName: {MaxWorkers: max(4*c, 16)},
+		"bench_empty":   {MaxWorkers: max(4*c, 16)},
 	}
 	runCfg.Middleware = []rivertype.Middleware{river.WorkerMiddlewareFunc(
 		func(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
