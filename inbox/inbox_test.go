@@ -476,3 +476,55 @@ func runChild(url string) int {
 	fmt.Fprintln(os.Stderr, "no crash point reached within 30s")
 	return 2
 }
+
+// TestStopDrainsRunningJob: Stop waits for a running job to finish its
+// apply before it returns.
+func TestStopDrainsRunningJob(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	started := make(chan struct{})
+	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		close(started)
+		time.Sleep(300 * time.Millisecond)
+		return apply(ctx, tx, ev)
+	})
+	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ib.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.ib.Stop(ctx) // stopped already unless the test failed early
+	})
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not start within 30s")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.ib.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", "d-1")
+	if err != nil || rec.Status != txhook.StatusDone || s.applied(t, "d-1") != 1 {
+		t.Fatalf("after Stop: %+v, %v; want the running job's event applied once", rec, err)
+	}
+}
+
+// TestMigrateOnDatabaseRunningRiver: River's migrations apply on a database
+// that already has them (the template ran them on a fresh one).
+func TestMigrateOnDatabaseRunningRiver(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	if err := inbox.Migrate(t.Context(), s.db.Pool); err != nil {
+		t.Fatalf("Migrate on a database running River: %v", err)
+	}
+	var n int
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM river_migration`).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("river_migration rows = %d, %v", n, err)
+	}
+}
