@@ -45,6 +45,9 @@ func TestStatsShowsQueue(t *testing.T) {
 	if s.Queued != 2 || s.Total != 2 || s.OldestQueuedAge < 89*time.Second || s.OldestQueuedAge > 120*time.Second {
 		t.Errorf("stats = %+v, want 2 queued, the oldest about 90s old", s)
 	}
+	if out := mustRun(t, d.URL, "events", "list", "--status", "queued"); !strings.Contains(out, "q-1") || !strings.Contains(out, "q-2") {
+		t.Errorf("events list --status queued:\n%s", out)
+	}
 	rec, err := txhook.GetEventRecord(t.Context(), d.Pool, "github", "q-2")
 	if err != nil || rec.JobID != 42 {
 		t.Errorf("record of q-2 = %+v, %v; want job 42", rec, err)
