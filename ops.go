@@ -92,10 +92,10 @@ func limitOrDefault(n int) (int32, error) {
 
 func checkStatus(s string) error {
 	switch s {
-	case "", StatusInProgress, StatusDone, StatusFailed:
+	case "", StatusQueued, StatusInProgress, StatusDone, StatusFailed:
 		return nil
 	}
-	return fmt.Errorf("txhook: unknown status %q (want %s, %s or %s)", s, StatusInProgress, StatusDone, StatusFailed)
+	return fmt.Errorf("txhook: unknown status %q (want %s, %s, %s or %s)", s, StatusQueued, StatusInProgress, StatusDone, StatusFailed)
 }
 
 // ListEvents returns the events matching f, newest first.
