@@ -256,6 +256,13 @@ func (ib *Inbox) Lease(source, eventType string, h txhook.LeaseHandler) handler.
 	return &route{ib: ib, lease: true}
 }
 
+// HandlerLookup returns the lookup of source's transactional handlers
+// registered with Tx, for replaying its failed events with
+// txhook.NewReplayer (a failed inbox event keeps its payload).
+func (ib *Inbox) HandlerLookup(source string) txhook.HandlerLookup {
+	return func(eventType string) (txhook.HandlerFunc, bool) { return ib.txHandler(source, eventType) }
+}
+
 func (ib *Inbox) txHandler(source, eventType string) (txhook.HandlerFunc, bool) {
 	ib.mu.RLock()
 	defer ib.mu.RUnlock()

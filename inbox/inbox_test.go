@@ -335,7 +335,7 @@ func TestPermanentThenReplay(t *testing.T) {
 		t.Fatalf("applied %d, record %+v: want the writes rolled back and a dead letter with payload", n, rec)
 	}
 	fail.Store(false)
-	rp, err := txhook.NewReplayer(s.db.Pool, func(string) (txhook.HandlerFunc, bool) { return h, true }, nil)
+	rp, err := txhook.NewReplayer(s.db.Pool, s.ib.HandlerLookup("github"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
