@@ -131,10 +131,10 @@ type QueuedJob struct {
 	// handler error then records the event as failed instead of being
 	// returned for a retry.
 	LastAttempt bool
-	// Complete, if set, runs in the transaction that settles the event, as
-	// its last statement before COMMIT: the queue's own completion of the
-	// job (River's JobCompleteTx), so that the event and its job settle
-	// together or not at all. It is not run when the event is recorded as
+	// Complete, if set, runs in the transaction that settles the event,
+	// after the handler: the queue's own completion of the job (River's
+	// JobCompleteTx), so that the event and its job settle together or not
+	// at all. It is not run when the event is recorded as
 	// failed: the queue then ends the job itself.
 	Complete func(ctx context.Context, tx pgx.Tx) error
 }
@@ -145,9 +145,9 @@ type QueuedJob struct {
 // event to end) and then:
 //   - when the event is already settled (done or failed) or gone (pruned),
 //     runs only j.Complete and commits: OutcomeDuplicate;
-//   - when it is queued, runs h on the stored payload, marks the row done
-//     (the mark travels with the next statement or COMMIT), runs
-//     j.Complete and commits: OutcomeProcessed;
+//   - when it is queued, runs h on the stored payload, runs j.Complete,
+//     marks the row done (the mark travels with COMMIT) and commits:
+//     OutcomeProcessed;
 //   - when a lease-mode claim holds it (the key was claimed through
 //     ProcessLease), changes nothing: OutcomeInFlight with RetryAfter.
 //
@@ -205,12 +205,17 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 				return fmt.Errorf("handle event: %w", err)
 			}
 			p.crash.at(CrashInboxAfterHandler)
+			if err := j.complete(ctx, tx); err != nil {
+				return err
+			}
+			// The done mark travels with COMMIT: the job's completion, a
+			// query, could not carry it.
 			if _, err := db.New(engine.Deferred(tx)).MarkQueuedDone(ctx, db.MarkQueuedDoneParams{
 				KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
 			}); err != nil {
 				return fmt.Errorf("mark event done: %w", err)
 			}
-			return j.complete(ctx, tx)
+			return nil
 		},
 		BeforeCommit: func() { p.crash.at(CrashInboxBeforeCommit) },
 	})
