@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook
+MODULES := . tests otelhook inbox examples/github-pushes
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz screenshots
 
@@ -51,15 +51,18 @@ unit:
 	done
 	$(call step,"all checks passed")
 
-## demo: the exactly-once story: a duplicate, a crash and its retry, and the naive dedupe losing an event.
+## demo: the exactly-once story: a duplicate, a crash and its retry, the naive dedupe losing an event;
+## then GitHub (never retries) in inbox mode: a push failing once and a process killed mid-job, each applied once.
 demo:
 	$(GO) run ./cmd/demo
 
 ## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
-## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper.
+## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
+## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once.
 chaos:
 	cd tests && $(GO) run ./chaos
 	cd tests && $(GO) run ./chaos -github
+	cd tests && $(GO) run ./chaos -inbox
 
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
 bench:

@@ -48,6 +48,24 @@ const (
 	CrashLeaseAfterCommit CrashPoint = "lease-after-commit"
 )
 
+// Crash points of inbox mode's worker (Processor.ApplyQueued), in the order
+// they are reached. A lease-mode handler in inbox mode
+// (Processor.ApplyQueuedLease) reaches CrashInboxAfterFetch and then lease
+// mode's points.
+const (
+	// CrashInboxAfterFetch: the queue handed the job to the worker, nothing
+	// of it has run.
+	CrashInboxAfterFetch CrashPoint = "inbox-after-fetch"
+	// CrashInboxAfterHandler: the handler returned nil, the event is not
+	// marked done, nothing is committed.
+	CrashInboxAfterHandler CrashPoint = "inbox-after-handler"
+	// CrashInboxBeforeCommit: the handler's writes and the job's completion
+	// are made, immediately before COMMIT is sent (with the done mark).
+	CrashInboxBeforeCommit CrashPoint = "inbox-before-commit"
+	// CrashInboxAfterCommit: COMMIT succeeded, the queue has not been told.
+	CrashInboxAfterCommit CrashPoint = "inbox-after-commit"
+)
+
 // crasher exits the process at its armed point. The zero value is disarmed.
 type crasher struct {
 	armed CrashPoint

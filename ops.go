@@ -22,6 +22,9 @@ const (
 	// StatusFailed: the handler failed permanently; the event waits for a
 	// replay (a dead letter).
 	StatusFailed = statusFailed
+	// StatusQueued: inbox mode accepted the event; its job has not applied
+	// it yet.
+	StatusQueued = statusQueued
 )
 
 // ErrEventNotFound is returned for a source and key with no row in the
@@ -42,7 +45,7 @@ type EventRecord struct {
 	Source string `json:"source"`
 	Key    string `json:"key"`
 	Type   string `json:"type"`
-	// Status is StatusInProgress, StatusDone or StatusFailed.
+	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
 	Status string `json:"status"`
 	// Attempts counts the claims and replays of the event.
 	Attempts  int       `json:"attempts"`
@@ -60,12 +63,15 @@ type EventRecord struct {
 	PayloadSize int  `json:"payload_size"`
 	// Payload is the stored payload. Only GetEventRecord fills it.
 	Payload []byte `json:"-"`
+	// JobID is the id of the queue job that applies the event in inbox
+	// mode (River's job id), 0 for events of the other modes.
+	JobID int64 `json:"job_id,omitzero"`
 }
 
 // EventFilter selects events for ListEvents. Empty fields do not filter.
 type EventFilter struct {
 	Source string
-	// Status is StatusInProgress, StatusDone or StatusFailed.
+	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
 	Status string
 	Type   string
 	// Since keeps events created at or after it.
@@ -86,10 +92,10 @@ func limitOrDefault(n int) (int32, error) {
 
 func checkStatus(s string) error {
 	switch s {
-	case "", StatusInProgress, StatusDone, StatusFailed:
+	case "", StatusQueued, StatusInProgress, StatusDone, StatusFailed:
 		return nil
 	}
-	return fmt.Errorf("txhook: unknown status %q (want %s, %s or %s)", s, StatusInProgress, StatusDone, StatusFailed)
+	return fmt.Errorf("txhook: unknown status %q (want %s, %s, %s or %s)", s, StatusQueued, StatusInProgress, StatusDone, StatusFailed)
 }
 
 // ListEvents returns the events matching f, newest first.
@@ -168,6 +174,7 @@ func recordFromListRow(r db.ListEventsRow) EventRecord {
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.HasPayload, PayloadSize: int(r.PayloadSize),
+		JobID: r.JobID.Int64,
 	}
 }
 
@@ -177,7 +184,7 @@ func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.Payload != nil, PayloadSize: len(r.Payload),
-		Payload: r.Payload,
+		Payload: r.Payload, JobID: r.JobID.Int64,
 	}
 }
 
@@ -208,6 +215,13 @@ type Stats struct {
 	Failed     int64 `json:"failed"`
 	// OldestInProgress is the in-progress event claimed longest ago, or nil.
 	OldestInProgress *LeaseInfo `json:"oldest_in_progress,omitempty"`
+	// Queued is the inbox's queue depth: events accepted and not yet
+	// applied (status queued). OldestQueuedAt is when the oldest of them was
+	// accepted, zero when none is queued, and OldestQueuedAge how long ago
+	// that was, on the database's clock.
+	Queued          int64         `json:"queued"`
+	OldestQueuedAt  time.Time     `json:"oldest_queued_at,omitzero"`
+	OldestQueuedAge time.Duration `json:"oldest_queued_age,omitzero"`
 }
 
 // ReadStats counts the events by source and status and finds the oldest
@@ -241,6 +255,9 @@ func ReadStats(ctx context.Context, q Querier) (Stats, error) {
 			Source: o.Source, Key: o.EventKey, Attempts: int(o.Attempts),
 			ClaimedAt: o.ClaimedAt.Time, LeaseExpiresAt: o.LeaseExpiresAt.Time,
 		}
+	}
+	if err := s.readQueue(ctx, q); err != nil {
+		return Stats{}, err
 	}
 	return s, nil
 }

@@ -46,6 +46,8 @@ func (o Outcome) String() string {
 		return "in_flight"
 	case OutcomeFailed:
 		return "failed"
+	case OutcomeQueued:
+		return "queued"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

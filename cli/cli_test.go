@@ -314,12 +314,13 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := mustRun(t, d.URL, "stats")
-	want := regexp.MustCompile(`(?s)^SOURCE\s+IN PROGRESS\s+DONE\s+FAILED\s+TOTAL\s*\n` +
-		`github\s+0\s+1\s+0\s+1\s*\n` +
-		`stripe\s+1\s+3\s+2\s+6\s*\n` +
-		`\(all\)\s+1\s+4\s+2\s+7\s*\n\n` +
+	want := regexp.MustCompile(`(?s)^SOURCE\s+QUEUED\s+IN PROGRESS\s+DONE\s+FAILED\s+TOTAL\s*\n` +
+		`github\s+0\s+0\s+1\s+0\s+1\s*\n` +
+		`stripe\s+0\s+1\s+3\s+2\s+6\s*\n` +
+		`\(all\)\s+0\s+1\s+4\s+2\s+7\s*\n\n` +
 		`failed events: 2 \(txhook dead-letters\)\n` +
-		`oldest in-progress lease: stripe evt_busy_1, claimed 3h0m\d+s ago \(attempt 1\), lease expired 2h59m\d+s ago\n$`)
+		`oldest in-progress lease: stripe evt_busy_1, claimed 3h0m\d+s ago \(attempt 1\), lease expired 2h59m\d+s ago\n` +
+		`inbox queue: empty\n$`)
 	if !want.MatchString(out) {
 		t.Errorf("stats printed:\n%s", out)
 	}

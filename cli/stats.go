@@ -45,22 +45,25 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SOURCE\tIN PROGRESS\tDONE\tFAILED\tTOTAL")
+	fmt.Fprintln(tw, "SOURCE\tQUEUED\tIN PROGRESS\tDONE\tFAILED\tTOTAL")
 	var row struct {
-		source                string
-		inProgress, done, bad int64
+		source                        string
+		queued, inProgress, done, bad int64
 	}
 	flush := func() {
 		if row.source != "" {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", cell(row.source, 40), row.inProgress, row.done, row.bad, row.inProgress+row.done+row.bad)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", cell(row.source, 40), row.queued, row.inProgress, row.done, row.bad,
+				row.queued+row.inProgress+row.done+row.bad)
 		}
 	}
 	for _, sc := range s.Counts {
 		if sc.Source != row.source {
 			flush()
-			row.source, row.inProgress, row.done, row.bad = sc.Source, 0, 0, 0
+			row.source, row.queued, row.inProgress, row.done, row.bad = sc.Source, 0, 0, 0, 0
 		}
 		switch sc.Status {
+		case txhook.StatusQueued:
+			row.queued = sc.Events
 		case txhook.StatusInProgress:
 			row.inProgress = sc.Events
 		case txhook.StatusDone:
@@ -70,7 +73,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		}
 	}
 	flush()
-	fmt.Fprintf(tw, "(all)\t%d\t%d\t%d\t%d\n", s.InProgress, s.Done, s.Failed, s.Total)
+	fmt.Fprintf(tw, "(all)\t%d\t%d\t%d\t%d\t%d\n", s.Queued, s.InProgress, s.Done, s.Failed, s.Total)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -90,6 +93,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	} else {
 		fmt.Fprintln(c.stdout, "oldest in-progress lease: none")
 	}
+	writeQueue(c.stdout, s)
 	writeSweeperRuns(c.stdout, runs, time.Now())
 	return nil
 }

@@ -31,7 +31,7 @@ func (q *Queries) EventStatus(ctx context.Context, arg EventStatusParams) (strin
 }
 
 const getEvent = `-- name: GetEvent :one
-SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash FROM txhook_processed_events
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash, job_id FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2
 `
 
@@ -56,6 +56,7 @@ func (q *Queries) GetEvent(ctx context.Context, arg GetEventParams) (TxhookProce
 		&i.LastError,
 		&i.Payload,
 		&i.PayloadHash,
+		&i.JobID,
 	)
 	return i, err
 }

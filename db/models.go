@@ -21,6 +21,7 @@ type TxhookProcessedEvent struct {
 	LastError      pgtype.Text
 	Payload        []byte
 	PayloadHash    []byte
+	JobID          pgtype.Int8
 }
 
 type TxhookPruneRun struct {

@@ -69,7 +69,7 @@ const listEvents = `-- name: ListEvents :many
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
-       coalesce(octet_length(payload), 0)::integer AS payload_size
+       coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE ($1::text IS NULL OR source = $1::text)
   AND ($2::text IS NULL OR status = $2::text)
@@ -100,6 +100,7 @@ type ListEventsRow struct {
 	LastError      pgtype.Text
 	HasPayload     bool
 	PayloadSize    int32
+	JobID          pgtype.Int8
 }
 
 // Events newest first, optionally filtered; payloads are summarised, not read.
@@ -131,6 +132,7 @@ func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListE
 			&i.LastError,
 			&i.HasPayload,
 			&i.PayloadSize,
+			&i.JobID,
 		); err != nil {
 			return nil, err
 		}
@@ -146,7 +148,7 @@ const listFailedEvents = `-- name: ListFailedEvents :many
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
-       coalesce(octet_length(payload), 0)::integer AS payload_size
+       coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE status = 'failed'
   AND ($1::text IS NULL OR source = $1::text)
@@ -174,6 +176,7 @@ type ListFailedEventsRow struct {
 	LastError      pgtype.Text
 	HasPayload     bool
 	PayloadSize    int32
+	JobID          pgtype.Int8
 }
 
 // Failed events (dead letters) oldest first, optionally filtered.
@@ -199,6 +202,7 @@ func (q *Queries) ListFailedEvents(ctx context.Context, arg ListFailedEventsPara
 			&i.LastError,
 			&i.HasPayload,
 			&i.PayloadSize,
+			&i.JobID,
 		); err != nil {
 			return nil, err
 		}
@@ -211,7 +215,7 @@ func (q *Queries) ListFailedEvents(ctx context.Context, arg ListFailedEventsPara
 }
 
 const lockFailedEvent = `-- name: LockFailedEvent :one
-SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash FROM txhook_processed_events
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash, job_id FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2 AND status = 'failed'
 FOR UPDATE
 `
@@ -239,6 +243,7 @@ func (q *Queries) LockFailedEvent(ctx context.Context, arg LockFailedEventParams
 		&i.LastError,
 		&i.Payload,
 		&i.PayloadHash,
+		&i.JobID,
 	)
 	return i, err
 }

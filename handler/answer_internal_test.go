@@ -10,9 +10,9 @@ import (
 // one for each class of status, each is the JSON the endpoint documents,
 // and an outcome outside the table is still encoded.
 func TestAnswerBodies(t *testing.T) {
-	if got, want := len(answerBodies), 2*len(messages)+2*6; got != want {
-		// messages covers the outcomes answered with errors; six more are
-		// answered 2xx only (processed … ping).
+	if got, want := len(answerBodies), 2*len(messages)+2*7; got != want {
+		// messages covers the outcomes answered with errors; seven more are
+		// answered 2xx only (processed, queued … ping).
 		t.Errorf("answerBodies holds %d bodies, want %d", got, want)
 	}
 	for k, b := range answerBodies {

@@ -37,6 +37,7 @@
 // # Status codes
 //
 //	processed, committed                         200 {"status":"processed"}
+//	inbox route: event and job committed         202 {"status":"queued"} (applied later)
 //	duplicate of a committed event               200 {"status":"duplicate"}
 //	body replayed under a new key (replay guard) 200 {"status":"replay"}
 //	handler returned txhook.Permanent(err)       200 {"status":"failed"} (recorded for replay)

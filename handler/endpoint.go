@@ -378,6 +378,9 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) reply {
 	switch res.Outcome {
 	case txhook.OutcomeProcessed:
 		return reply{outcome: AnswerProcessed, status: http.StatusOK}
+	case txhook.OutcomeQueued:
+		// Inbox mode: the event and its job are committed; the job applies it.
+		return reply{outcome: AnswerQueued, status: http.StatusAccepted}
 	case txhook.OutcomeDuplicate:
 		return reply{outcome: AnswerDuplicate, status: http.StatusOK}
 	case txhook.OutcomeFailed:
@@ -475,7 +478,7 @@ type bodyKey struct {
 // status. It is never modified after initialisation.
 var answerBodies = func() map[bodyKey][]byte {
 	all := []Answer{
-		AnswerProcessed, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
+		AnswerProcessed, AnswerQueued, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
 		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge,
 		AnswerBadSignature, AnswerStaleTimestamp, AnswerBadRequest, AnswerError,
 		AnswerUnavailable,

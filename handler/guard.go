@@ -24,6 +24,16 @@ type SharedBodies interface {
 	SharedBodies() bool
 }
 
+// GuardedRoute is a Route that runs the replay guard's check itself, inside
+// the transaction that records the event (an inbox route: see package
+// github.com/txhook/txhook/inbox). With the guard on, the endpoint applies
+// the route WithGuard returns.
+type GuardedRoute interface {
+	Route
+	// WithGuard returns the route with g's check.
+	WithGuard(g txhook.ReplayGuard) Route
+}
+
 // guard is an endpoint's replay guard: every route of the endpoint with the
 // guard's check where it runs race-free (see txhook.ReplayGuard), built once.
 type guard struct {
@@ -65,6 +75,8 @@ func (g *guard) wrap(r Route, d txhook.Beginner) (Route, error) {
 		return Tx(g.rg.Handler(r.Handler)), nil
 	case *LeaseRoute:
 		return Lease(g.rg.Lease(r.Handler)), nil
+	case GuardedRoute:
+		return r.WithGuard(g.rg), nil
 	}
 	if d == nil {
 		return nil, errors.New("the replay guard needs Config.DB for routes that are neither Tx nor Lease routes (or set ReplayGuard: ReplayGuardOff)")

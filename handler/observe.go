@@ -12,6 +12,7 @@ type Answer string
 // Answers to a delivery.
 const (
 	AnswerProcessed        Answer = "processed"          // 200: handler ran and committed
+	AnswerQueued           Answer = "queued"             // 202: accepted in inbox mode, applied later
 	AnswerDuplicate        Answer = "duplicate"          // 200: key already committed
 	AnswerReplay           Answer = "replay"             // 200: body already seen under another key
 	AnswerFailed           Answer = "failed"             // 200: permanent handler error, recorded

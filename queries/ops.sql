@@ -40,7 +40,7 @@ WHERE status <> 'in_progress'
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
-       coalesce(octet_length(payload), 0)::integer AS payload_size
+       coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
   AND (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status)::text)
@@ -54,7 +54,7 @@ LIMIT @max_rows::integer;
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
-       coalesce(octet_length(payload), 0)::integer AS payload_size
+       coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE status = 'failed'
   AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)

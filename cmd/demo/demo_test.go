@@ -29,7 +29,7 @@ func TestDemo(t *testing.T) {
 	var aliceTotal int64
 	err = db.Pool.QueryRow(t.Context(), `SELECT
 		(SELECT count(*) FROM orders),
-		(SELECT count(*) FROM txhook_processed_events WHERE status = 'done'),
+		(SELECT count(*) FROM txhook_processed_events WHERE status = 'done' AND source = 'stripe'),
 		(SELECT count(*) FROM naive_processed_events),
 		(SELECT total_spent FROM customers WHERE id LIKE '%\_alice')`).Scan(&orders, &events, &naive, &aliceTotal)
 	if err != nil {
@@ -38,6 +38,16 @@ func TestDemo(t *testing.T) {
 	if orders != 2 || events != 2 || naive != 1 || aliceTotal != 6000 {
 		t.Fatalf("end state: %d orders, %d txhook events, %d naive events, Alice's total %d; want 2, 2, 1, 6000",
 			orders, events, naive, aliceTotal)
+	}
+	// GitHub's chapter: two pushes, each delivered once, each recorded once.
+	var pushes, pushCount int
+	err = db.Pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM pushes),
+		(SELECT sum(push_count) FROM repositories)`).Scan(&pushes, &pushCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pushes != 2 || pushCount != 2 {
+		t.Fatalf("end state: %d pushes, counted %d times; want 2 and 2", pushes, pushCount)
 	}
 }
 

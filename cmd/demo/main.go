@@ -8,8 +8,11 @@
 // delivery during which the server crashes (a real process exit at a txhook
 // crash point), after which Stripe's retry is processed exactly once; and,
 // side by side, the naive dedupe (the event id committed first, then the
-// work) losing an event to the same crash. It ends with the database's final
-// state and exits with status 1 if any step did not behave as described.
+// work) losing an event to the same crash; then, with the github-pushes
+// example in inbox mode, GitHub (which never retries) sending a push whose
+// handler fails on its first try and a push whose process dies mid-job, each
+// applied exactly once. It ends with the database's final state and exits
+// with status 1 if any step did not behave as described.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL cluster from the
 // machine's initdb and pg_ctl and removes it at the end. With DATABASE_URL
@@ -82,6 +85,11 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	if err != nil {
 		return err
 	}
+	fmt.Fprintln(out, "  Building the github-pushes example (inbox mode, on River).")
+	githubBin, err := buildGitHubPushes(ctx, dir)
+	if err != nil {
+		return err
+	}
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -90,12 +98,13 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	defer pool.Close()
 
 	d := &demo{
-		out:    out,
-		dbURL:  dbURL,
-		bins:   bins,
-		secret: "whsec_demo_" + randomTag(8),
-		state:  state{pool: pool},
-		tag:    randomTag(2),
+		out:       out,
+		dbURL:     dbURL,
+		bins:      bins,
+		githubBin: githubBin,
+		secret:    "whsec_demo_" + randomTag(8),
+		state:     state{pool: pool},
+		tag:       randomTag(2),
 	}
 	d.send = newSender(d.secret)
 	defer d.stopServers()

@@ -15,13 +15,15 @@ import (
 
 // demo is one run of the story.
 type demo struct {
-	out    io.Writer
-	dbURL  string
-	bins   map[string]string // binaries by package
-	secret string
-	send   *sender
-	state  state
-	tag    string // makes this run's ids unique
+	out   io.Writer
+	dbURL string
+	bins  map[string]string // binaries by package
+	// githubBin is the github-pushes example (a module of its own).
+	githubBin string
+	secret    string
+	send      *sender
+	state     state
+	tag       string // makes this run's ids unique
 
 	servers  []*server // every server started, stopped at the end
 	failures []string
@@ -85,8 +87,11 @@ func (d *demo) story(ctx context.Context) error {
 	if err := d.stepNaiveCrash(ctx, ev3); err != nil {
 		return err
 	}
-	return d.finalState(ctx, []customer{alice, bob},
-		map[string]int64{alice.id: ev1.amount + ev2.amount, bob.id: ev3.amount}, []event{ev1, ev2, ev3})
+	if err := d.finalState(ctx, []customer{alice, bob},
+		map[string]int64{alice.id: ev1.amount + ev2.amount, bob.id: ev3.amount}, []event{ev1, ev2, ev3}); err != nil {
+		return err
+	}
+	return d.githubChapter(ctx)
 }
 
 // stepProcessed: a new event is delivered and processed.

@@ -1,12 +1,20 @@
 // Command github-pushes receives GitHub push webhooks and records each
 // delivery exactly once in PostgreSQL with txhook.
 //
-// It applies txhook's migrations and its own (pushes, repositories), then
-// serves POST /webhooks/github. A push delivery is recorded in pushes and
-// counted in its repository's row, in the transaction that records the
-// delivery's key (X-GitHub-Delivery, which GitHub keeps when a delivery is
-// redelivered). A ping is answered 200; other event types are acknowledged
-// and nothing is written.
+// It applies txhook's migrations, River's and its own (pushes,
+// repositories), then serves POST /webhooks/github. A push delivery is
+// recorded in pushes and counted in its repository's row, in the
+// transaction that settles the delivery's key (X-GitHub-Delivery, which
+// GitHub keeps when a delivery is redelivered). A ping is answered 200;
+// other event types are acknowledged and nothing is written.
+//
+// GitHub never retries a failed delivery by itself, so the example runs in
+// txhook's inbox mode (package inbox) by default: a verified push is stored
+// with a River job and answered 202 {"status":"queued"} once both are
+// committed; River's workers, in this process, apply it (retrying a failed
+// handler with River's backoff, rescuing the job of a killed process). With
+// APPLY_MODE=sync the push is applied before the answer (200
+// {"status":"processed"}), and a failure is GitHub's to redeliver.
 //
 // GitHub signs neither X-GitHub-Delivery nor a timestamp, so txhook's replay
 // guard is on: a captured body replayed under a fresh delivery id is
@@ -22,6 +30,12 @@
 //	GITHUB_WEBHOOK_SECRET  the webhook's secret (required; several,
 //	                       comma-separated, while rotating it)
 //	ADDR                   listen address (default 127.0.0.1:8081)
+//	APPLY_MODE             inbox (default) or sync
+//	INBOX_JOB_TIMEOUT      bounds one try of a push's job; the job of a
+//	                       killed process is rescued twice that long after
+//	                       its try began (default 1m)
+//	FAIL_FIRST_TRY         a commit id (after): the first try of that push
+//	                       fails in this process, for demonstrations
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // The redelivery sweeper, off when GITHUB_HOOK_ID is unset:
@@ -54,11 +68,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/github-pushes/migrations"
 	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/migrations"
 )
 
@@ -74,9 +90,12 @@ func main() {
 
 // config is the example's configuration, read from the environment.
 type config struct {
-	DatabaseURL   string   // DATABASE_URL
-	WebhookSecret []string // GITHUB_WEBHOOK_SECRET, comma-separated
-	Addr          string   // ADDR, default 127.0.0.1:8081
+	DatabaseURL   string        // DATABASE_URL
+	WebhookSecret []string      // GITHUB_WEBHOOK_SECRET, comma-separated
+	Addr          string        // ADDR, default 127.0.0.1:8081
+	Sync          bool          // APPLY_MODE=sync; default inbox
+	JobTimeout    time.Duration // INBOX_JOB_TIMEOUT, default 1m
+	FailFirstTry  string        // FAIL_FIRST_TRY
 	Sweeper       sweeperConfig
 }
 
@@ -95,7 +114,23 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:8081"
 	}
+	c.FailFirstTry = strings.TrimSpace(getenv("FAIL_FIRST_TRY"))
 	var problems []string
+	switch m := strings.TrimSpace(getenv("APPLY_MODE")); m {
+	case "", "inbox":
+	case "sync":
+		c.Sync = true
+	default:
+		problems = append(problems, fmt.Sprintf("APPLY_MODE must be inbox or sync, got %q", m))
+	}
+	c.JobTimeout = inbox.DefaultJobTimeout
+	if v := strings.TrimSpace(getenv("INBOX_JOB_TIMEOUT")); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			problems = append(problems, fmt.Sprintf("INBOX_JOB_TIMEOUT must be a positive duration such as 30s, got %q", v))
+		}
+		c.JobTimeout = d
+	}
 	if c.DatabaseURL == "" {
 		problems = append(problems, "DATABASE_URL is required: the PostgreSQL connection string, e.g. postgres://app@127.0.0.1:5432/app")
 	}
@@ -122,9 +157,23 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		return err
 	}
 	defer pool.Close()
-	h, err := newHandler(pool, cfg, log)
+	h, ib, err := newHandler(pool, cfg, log)
 	if err != nil {
 		return err
+	}
+	if ib != nil {
+		if err := ib.Start(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			// Graceful shutdown: running jobs finish (or, past the bound,
+			// are cancelled and applied by the next run).
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := ib.Stop(sctx); err != nil {
+				log.Error("stop inbox", "err", err)
+			}
+		}()
 	}
 	if cfg.Sweeper.on() {
 		sctx, stopSweeper := context.WithCancel(ctx)
@@ -187,6 +236,10 @@ func openDatabase(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("apply txhook migrations: %w", err)
 	}
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("apply river migrations: %w", err)
+	}
 	if err := examplemigrations.Up(ctx, dbURL); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("apply github-pushes migrations: %w", err)
@@ -195,24 +248,39 @@ func openDatabase(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 }
 
 // newHandler returns POST /webhooks/github applying push deliveries through
-// a txhook processor on pool.
-func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, error) {
+// a txhook processor on pool: through the inbox it returns too (not yet
+// started), or, with cfg.Sync, before the answer (a nil inbox).
+func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, *inbox.Inbox, error) {
 	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
 	if err != nil {
-		return nil, fmt.Errorf("new processor: %w", err)
+		return nil, nil, fmt.Errorf("new processor: %w", err)
+	}
+	apply := txhook.WithQueries(pushesdb.New, push)
+	if cfg.FailFirstTry != "" {
+		apply = failFirstTry(cfg.FailFirstTry, apply)
+	}
+	var ib *inbox.Inbox
+	route := handler.Route(handler.Tx(apply))
+	if !cfg.Sync {
+		ib, err = inbox.New(pool, proc, &inbox.Config{River: &river.Config{
+			JobTimeout: cfg.JobTimeout,
+			Logger:     log,
+		}})
+		if err != nil {
+			return nil, nil, err
+		}
+		route = ib.Tx("github", "push", apply)
 	}
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   "github",
 		Provider: &handler.GitHub{Secrets: cfg.WebhookSecret},
-		Routes: map[string]handler.Route{
-			"push": handler.Tx(txhook.WithQueries(pushesdb.New, push)),
-		},
-		Logger: log,
+		Routes:   map[string]handler.Route{"push": route},
+		Logger:   log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("new endpoint: %w", err)
+		return nil, nil, fmt.Errorf("new endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/github", ep)
-	return mux, nil
+	return mux, ib, nil
 }

@@ -16,10 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/github-pushes/migrations"
 	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
 )
@@ -37,10 +40,18 @@ func TestMain(m *testing.M) {
 }
 
 var template = testdb.Template{
-	Name:  "github_pushes",
+	Name:  "github_pushes_inbox",
 	Files: []fs.FS{migrations.FS, examplemigrations.FS},
 	Migrate: func(ctx context.Context, url string) error {
 		if err := migrations.Up(ctx, url); err != nil {
+			return err
+		}
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := inbox.Migrate(ctx, pool); err != nil {
 			return err
 		}
 		return examplemigrations.Up(ctx, url)
@@ -55,13 +66,28 @@ type fixture struct {
 	url string
 }
 
-func setup(t *testing.T) *fixture {
+// setup serves the example's handler in inbox mode (its River workers
+// running), or with sync in sync mode.
+func setup(t *testing.T, sync bool) *fixture {
 	t.Helper()
 	tdb := testdb.New(t, template)
-	h, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: []string{testSecret}},
+	h, ib, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: []string{testSecret},
+		Sync: sync, JobTimeout: inbox.DefaultJobTimeout},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ib != nil {
+		if err := ib.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := ib.Stop(ctx); err != nil {
+				t.Errorf("stop inbox: %v", err)
+			}
+		})
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -127,6 +153,22 @@ func (f *fixture) repo(t *testing.T) pushesdb.Repository {
 	return r
 }
 
+// waitStatus waits up to 60s for the delivery's row to reach status.
+func (f *fixture) waitStatus(t *testing.T, delivery, status string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rec, err := txhook.GetEventRecord(t.Context(), f.db.Pool, "github", delivery)
+		if err == nil && rec.Status == status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("delivery %s: status %q (%v) after 60s, want %q", delivery, rec.Status, err, status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (f *fixture) rows(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -140,14 +182,31 @@ func (f *fixture) rows(t *testing.T) int {
 
 func TestPushRecordedOnce(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	for _, sync := range []bool{false, true} {
+		t.Run(map[bool]string{false: "inbox", true: "sync"}[sync], func(t *testing.T) {
+			t.Parallel()
+			testPushRecordedOnce(t, sync)
+		})
+	}
+}
+
+func testPushRecordedOnce(t *testing.T, sync bool) {
+	f := setup(t, sync)
+	status, outcome := 202, "queued"
+	if sync {
+		status, outcome = 200, "processed"
+	}
 	s, o := f.deliver(t, "d-1", "push", testSecret, pushBody(t, "aaa111", 2))
-	want(t, s, o, 200, "processed")
+	want(t, s, o, status, outcome)
 	// A redelivery keeps X-GitHub-Delivery: a duplicate.
 	s, o = f.deliver(t, "d-1", "push", testSecret, pushBody(t, "aaa111", 2))
 	want(t, s, o, 200, "duplicate")
+	// Queued pushes are applied in any order: d-1 first, so that the head
+	// is d-2's.
+	f.waitStatus(t, "d-1", txhook.StatusDone)
 	s, o = f.deliver(t, "d-2", "push", testSecret, pushBody(t, "bbb222", 3))
-	want(t, s, o, 200, "processed")
+	want(t, s, o, status, outcome)
+	f.waitStatus(t, "d-2", txhook.StatusDone)
 
 	r := f.repo(t)
 	if r.PushCount != 2 || r.CommitCount != 5 || r.LastHeadSha != "bbb222" {
@@ -164,13 +223,14 @@ func TestPushRecordedOnce(t *testing.T) {
 
 func TestReplayedBodyUnderNewDeliveryID(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	f := setup(t, false)
 	body := pushBody(t, "ccc333", 1)
 	s, o := f.deliver(t, "d-orig", "push", testSecret, body)
-	want(t, s, o, 200, "processed")
+	want(t, s, o, 202, "queued")
 	// A captured body and signature sent again with a fresh delivery id.
 	s, o = f.deliver(t, "d-forged", "push", testSecret, body)
 	want(t, s, o, 200, "replay")
+	f.waitStatus(t, "d-orig", txhook.StatusDone)
 	if r := f.repo(t); r.PushCount != 1 {
 		t.Fatalf("push_count = %d after a replay, want 1", r.PushCount)
 	}
@@ -178,7 +238,7 @@ func TestReplayedBodyUnderNewDeliveryID(t *testing.T) {
 
 func TestPingOtherTypesAndRejects(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	f := setup(t, false)
 	s, o := f.deliver(t, "d-ping", "ping", testSecret, []byte(`{"zen":"Keep it logically awesome."}`))
 	want(t, s, o, 200, "ping")
 	s, o = f.deliver(t, "d-issue", "issues", testSecret, []byte(`{"action":"opened"}`))
@@ -191,10 +251,11 @@ func TestPingOtherTypesAndRejects(t *testing.T) {
 	if n := f.rows(t); n != 2 {
 		t.Fatalf("%d rows written, want the 2 recorded keys", n)
 	}
-	// A signed push without a repository can never be applied: recorded as
-	// failed (with its body, for replay), answered 200 so GitHub stops.
+	// A signed push without a repository can never be applied: accepted,
+	// then recorded as failed by its job (with its body, for replay).
 	s, o = f.deliver(t, "d-broken", "push", testSecret, []byte(`{"ref":"refs/heads/main"}`))
-	want(t, s, o, 200, "failed")
+	want(t, s, o, 202, "queued")
+	f.waitStatus(t, "d-broken", txhook.StatusFailed)
 	var status string
 	if err := f.db.Pool.QueryRow(t.Context(),
 		"SELECT status FROM txhook_processed_events WHERE source = 'github' AND event_key = 'd-broken' AND payload IS NOT NULL").Scan(&status); err != nil {
@@ -219,7 +280,7 @@ func TestProcessCrashThenRedelivery(t *testing.T) {
 		var stderr bytes.Buffer
 		cmd := exec.Command(exe)
 		cmd.Env = append([]string{runMainEnv + "=1", "DATABASE_URL=" + tdb.URL,
-			"GITHUB_WEBHOOK_SECRET=" + testSecret, "ADDR=" + addr}, extra...)
+			"GITHUB_WEBHOOK_SECRET=" + testSecret, "ADDR=" + addr, "APPLY_MODE=sync"}, extra...)
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -296,5 +357,56 @@ func TestProcessMissingSettingsExitNonZero(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "GITHUB_WEBHOOK_SECRET is required") {
 		t.Fatalf("output:\n%s", out)
+	}
+}
+
+// TestInboxProcessKilledMidJob: GitHub delivers a push once; the process
+// accepts it (202) and dies in the middle of its job, after the handler and
+// before COMMIT. Nobody redelivers: the restarted process's River workers
+// rescue the job and apply the push exactly once.
+func TestInboxProcessKilledMidJob(t *testing.T) {
+	t.Parallel()
+	tdb := testdb.New(t, template)
+	f := &fixture{db: tdb, q: pushesdb.New(tdb.Pool)}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(extra ...string) *exec.Cmd {
+		t.Helper()
+		addr := freeAddr(t)
+		cmd := exec.Command(exe)
+		cmd.Env = append([]string{runMainEnv + "=1", "DATABASE_URL=" + tdb.URL,
+			"GITHUB_WEBHOOK_SECRET=" + testSecret, "ADDR=" + addr, "INBOX_JOB_TIMEOUT=1s"}, extra...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		waitListening(t, addr)
+		f.url = "http://" + addr + "/webhooks/github"
+		return cmd
+	}
+	cmd := start(txhook.CrashPointEnv + "=" + string(txhook.CrashInboxBeforeCommit))
+	s, o := f.deliver(t, "d-mid-job", "push", testSecret, pushBody(t, "fff666", 2))
+	want(t, s, o, 202, "queued")
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("the process did not reach its crash point within 60s")
+	}
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
+		t.Fatalf("exit = %v, want status %d", err, txhook.CrashExitCode)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), tdb.Pool, "github", "d-mid-job")
+	if err != nil || rec.Status != txhook.StatusQueued {
+		t.Fatalf("after the crash: %+v, %v; want the push still queued", rec, err)
+	}
+	start()
+	f.waitStatus(t, "d-mid-job", txhook.StatusDone)
+	if r := f.repo(t); r.PushCount != 1 || r.CommitCount != 2 {
+		t.Fatalf("repository = %+v, want 1 push of 2 commits", r)
 	}
 }

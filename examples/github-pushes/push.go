@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
@@ -56,4 +59,18 @@ func push(ctx context.Context, q *pushesdb.Queries, ev txhook.Event) error {
 		return fmt.Errorf("count push: %w", err)
 	}
 	return nil
+}
+
+// failFirstTry returns h, except that the first try of the push whose after
+// commit id is after fails (with an error that is not permanent), once per
+// process: a forced failure for demonstrations of retries.
+func failFirstTry(after string, h txhook.HandlerFunc) txhook.HandlerFunc {
+	var failed atomic.Bool
+	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		var p pushEvent
+		if json.Unmarshal(ev.Payload, &p) == nil && p.After == after && failed.CompareAndSwap(false, true) {
+			return fmt.Errorf("push %s: forced failure of the first try (FAIL_FIRST_TRY)", ev.Key)
+		}
+		return h(ctx, tx, ev)
+	}
 }

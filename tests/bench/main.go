@@ -12,7 +12,10 @@
 //   - txhook HTTP: the stripe-orders example under load through real HTTP
 //     with real Stripe signatures;
 //   - duplicate storm (HTTP): redeliveries of already processed events;
-//   - baseline HTTP: a hand-written pgx receiver doing the same work.
+//   - baseline HTTP: a hand-written pgx receiver doing the same work;
+//   - inbox mode: its accept rate over HTTP beside the synchronous route on
+//     the same endpoint, its rate and latency from accept to applied, and
+//     River's own rate (one empty job per transaction) on the same database.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
 // durability settings (fsync, synchronous_commit and full_page_writes on).
@@ -46,6 +49,8 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up per round of a cell")
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
+	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
+	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
 	flag.Parse()
 	for s := range strings.SplitSeq(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -76,9 +81,11 @@ type options struct {
 	warmup   time.Duration
 	micro    bool
 	profile  bool
-	dbURL    string
-	tmp      string // the run's temporary folder
-	tag      string // prefix of the run's event keys
+	// inbox adds the inbox rows; onlyInbox measures nothing else.
+	inbox, onlyInbox bool
+	dbURL            string
+	tmp              string // the run's temporary folder
+	tag              string // prefix of the run's event keys
 	// serverURL is the throwaway cluster's maintenance database, where the
 	// micro-benchmarks create their databases; empty with DATABASE_URL.
 	serverURL string

@@ -183,6 +183,13 @@ func (r *report) markdown() string {
 	p("- **%s**: a straightforward hand-written receiver (net/http, hand-rolled signature check, one pgx", scenBaselineHTTP)
 	p("  transaction: its own event-id insert ON CONFLICT DO NOTHING, then the same writes), as a separate process with")
 	p("  a pool of c connections and the same load generator. It logs nothing.")
+	p("- **%s**, **%s**: GitHub-signed pushes (one insert each) posted to one endpoint served in this process", scenInboxAccept, scenInboxSync)
+	p("  (httptest; replay guard off), whose push route is inbox mode's accept (the event row and a River job in one")
+	p("  transaction, answered 202; no worker runs) or the synchronous route (applied before the 200).")
+	p("- **%s**: the same endpoint with River's workers running in this process; each client waits, after", scenInboxE2E)
+	p("  the 202, until its push's job has committed the apply: the rate and latency from accept to applied.")
+	p("- **%s**: River alone on the same database and client configuration: one empty job inserted per", scenRiverEmpty)
+	p("  transaction, each client waiting until a worker has run it (River marks it completed after that, in batches).")
 	p("")
 	p("Latencies are per event as the client sees them. Allocations per event are heap allocations (Go's runtime")
 	p("counters, as `-benchmem` reports them) in the process doing the work: the measuring process for the in-process rows,")
@@ -238,6 +245,9 @@ func (r *report) markdown() string {
 		{"duplicate storm, no memory / new events (library)", scenLibraryDupDB, scenLibrary},
 		{"duplicate storm / new events (HTTP)", scenHTTPDup, scenHTTP},
 		{"txhook HTTP / baseline pgx HTTP", scenHTTP, scenBaselineHTTP},
+		{"inbox accept / sync route (HTTP)", scenInboxAccept, scenInboxSync},
+		{"inbox end to end / River empty jobs", scenInboxE2E, scenRiverEmpty},
+		{"River empty jobs / limit", scenRiverEmpty, scenLimit},
 	}
 	for _, row := range rows {
 		var vals []string
@@ -271,6 +281,18 @@ func (r *report) markdown() string {
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library)", c), r.ratio(scenLibraryDup, scenLibrary, c), 2.5)
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library, no memory)", c), r.ratio(scenLibraryDupDB, scenLibrary, c), 2.5)
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
+	}
+	for _, c := range r.opts.conc {
+		target(fmt.Sprintf("inbox end to end at concurrency %d vs River's empty jobs", c), r.ratio(scenInboxE2E, scenRiverEmpty, c), 0.8)
+	}
+	for _, c := range r.opts.conc {
+		if x, ok := r.find(scenInboxAccept, c); ok {
+			verdict := "met"
+			if x.P99 >= 20*time.Millisecond {
+				verdict = "**missed**"
+			}
+			p("- inbox accept p99 at concurrency %d: %s ms (target < 20 ms): %s", c, ms(x.P99), verdict)
+		}
 	}
 	r.explain(p)
 	p("")

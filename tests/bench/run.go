@@ -263,6 +263,17 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 		return baseline.post(ctx, body)
 	})
 	list = append(list, naive, raw, batch, lib, libFirst, libDup, libDupDB, httpNew, httpDup, base)
+	if o.inbox || o.onlyInbox {
+		ib, err := newInboxBench(ctx, dbURL, c)
+		if err != nil {
+			return nil, fmt.Errorf("inbox rows at concurrency %d: %w", c, err)
+		}
+		defer ib.stop()
+		if o.onlyInbox {
+			list = nil
+		}
+		list = append(list, inboxScenarios(o, c, ib)...)
+	}
 
 	rounds := map[string][]sample{}
 	for r := range o.rounds {

@@ -148,6 +148,9 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		"GITHUB_API_URL=http://" + ln.Addr().String(), "GITHUB_TOKEN=" + token,
 		"GITHUB_REPOSITORY=" + hookRepo, "GITHUB_HOOK_ID=1",
 		"REDELIVER_INTERVAL=" + cfg.Interval.String(), "REDELIVER_PAUSE=0", "REDELIVER_BACKOFF=" + cfg.Interval.String(),
+		// Applied before the answer: what fails is the sweeper's to recover
+		// (the inbox scenario, runInbox, keeps the retry in the receiver).
+		"APPLY_MODE=sync",
 	}
 	l := &launcher{bin: bins[githubPushesPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),

@@ -29,6 +29,14 @@
 // it checks that every push was applied exactly once and reports the
 // redeliveries.
 //
+// With -inbox the same sender meets the example in inbox mode without its
+// sweeper: each of -events pushes (default 2,000) is sent once, a few
+// answered 2xx are redelivered, the example is SIGKILLed -kills times
+// (default 24) while pushes arrive and its queue drains, and PostgreSQL
+// restarts once; every push answered 2xx must be applied exactly once by
+// the example's own River workers. It reports how many pushes were not
+// answered 2xx: those a person or the sweeper must resend.
+//
 // Run it with `make chaos`, or from the tests module: go run ./chaos -h.
 package main
 
@@ -61,6 +69,7 @@ func main() {
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
 	quiet := flag.Bool("q", false, "print only the summary line")
 	github := flag.Bool("github", false, "run the GitHub scenario: pushes delivered once, failures recovered by the redelivery sweeper")
+	inboxMode := flag.Bool("inbox", false, "run the inbox scenario: pushes delivered once, no sweeper; the receiver's River queue applies every push answered 2xx")
 	flag.Parse()
 	cfg.Seed = *seed
 	if !*quiet {
@@ -71,6 +80,9 @@ func main() {
 	scenario := runMain
 	if *github {
 		scenario = runGitHubMain
+	}
+	if *inboxMode {
+		scenario = runInboxMain
 	}
 	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {
@@ -173,4 +185,41 @@ func isFlagSet(name string) bool {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// runInboxMain runs the inbox scenario with the sizes of cfg that apply
+// (-events pushes, -senders, -kills), on dbURL or a throwaway cluster.
+func runInboxMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
+	icfg := defaultInboxConfig()
+	if isFlagSet("events") {
+		icfg.Pushes = cfg.Events
+	}
+	if isFlagSet("kills") {
+		icfg.Kills = cfg.Kills
+	}
+	icfg.Senders, icfg.Timeout, icfg.Seed, icfg.Log = cfg.Senders, cfg.Timeout, cfg.Seed, cfg.Log
+	if dbURL == "" {
+		if cfg.Log != nil {
+			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
+		}
+		c, err := pgcluster.Start(ctx)
+		if err != nil {
+			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
+		}
+		defer c.Stop()
+		dbURL = c.URL
+		if restartDB {
+			icfg.RestartDB = c.Restart
+		}
+	}
+	icfg.DatabaseURL = dbURL
+	res, err := runInbox(ctx, icfg)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range res.Problems {
+		fmt.Fprintln(os.Stderr, "problem:", p)
+	}
+	fmt.Println(res.summary())
+	return res.ok(), nil
 }

@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/testdb"
+)
+
+// TestStatsShowsQueue: events accepted in inbox mode show in stats as
+// queued, with the age of the oldest, and in events get with their job.
+func TestStatsShowsQueue(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t)
+	proc, err := txhook.NewProcessor(d.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, key := range []string{"q-1", "q-2"} {
+		res, err := proc.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, nil,
+			func(context.Context, pgx.Tx, txhook.Event) (int64, error) { return int64(41 + i), nil })
+		if err != nil || res.Outcome != txhook.OutcomeQueued {
+			t.Fatalf("Accept %s = %v, %v", key, res.Outcome, err)
+		}
+	}
+	if _, err := d.Pool.Exec(t.Context(), `UPDATE txhook_processed_events SET created_at = now() - interval '90 seconds' WHERE event_key = 'q-1'`); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, d.URL, "stats")
+	if !strings.Contains(out, "inbox queue: 2 events queued, the oldest accepted 1m30s ago") {
+		t.Errorf("stats output lacks the queue:\n%s", out)
+	}
+	if !strings.Contains(out, "QUEUED") {
+		t.Errorf("stats table lacks the QUEUED column:\n%s", out)
+	}
+	s, err := txhook.ReadStats(t.Context(), d.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Queued != 2 || s.Total != 2 || s.OldestQueuedAge < 89*time.Second || s.OldestQueuedAge > 120*time.Second {
+		t.Errorf("stats = %+v, want 2 queued, the oldest about 90s old", s)
+	}
+	if out := mustRun(t, d.URL, "events", "list", "--status", "queued"); !strings.Contains(out, "q-1") || !strings.Contains(out, "q-2") {
+		t.Errorf("events list --status queued:\n%s", out)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), d.Pool, "github", "q-2")
+	if err != nil || rec.JobID != 42 {
+		t.Errorf("record of q-2 = %+v, %v; want job 42", rec, err)
+	}
+}

@@ -1,0 +1,530 @@
+package inbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/inbox"
+	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/migrations"
+)
+
+// childEnv holds the database URL when the test binary runs as a crashing
+// worker (see TestCrashPoints).
+const childEnv = "TXHOOK_INBOX_CHILD_DB"
+
+func TestMain(m *testing.M) {
+	if u := os.Getenv(childEnv); u != "" {
+		os.Exit(runChild(u))
+	}
+	testdb.Main(m)
+}
+
+// template is txhook's schema, River's, and the tests' applied table.
+var template = testdb.Template{
+	Name:  "inbox_river_0512",
+	Files: []fs.FS{migrations.FS},
+	Migrate: func(ctx context.Context, url string) error {
+		if err := migrations.Up(ctx, url); err != nil {
+			return err
+		}
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := inbox.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`)
+		return err
+	},
+}
+
+// apply is the tests' handler: it counts how often each event was applied.
+func apply(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO applied (key) VALUES ($1)
+		ON CONFLICT (key) DO UPDATE SET n = applied.n + 1`, ev.Key)
+	return err
+}
+
+// fastRetry retries a failed job after 50ms, so that tests need not wait for
+// River's backoff.
+type fastRetry struct{}
+
+func (fastRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(50 * time.Millisecond) }
+
+func riverConfig() *river.Config {
+	return &river.Config{
+		RetryPolicy:          fastRetry{},
+		FetchCooldown:        5 * time.Millisecond,
+		FetchPollInterval:    50 * time.Millisecond,
+		JobTimeout:           time.Second,
+		RescueStuckJobsAfter: 2 * time.Second,
+		Logger:               quietLogger(),
+	}
+}
+
+type setup struct {
+	db   *testdb.DB
+	proc *txhook.Processor
+	ib   *inbox.Inbox
+}
+
+func newSetup(t *testing.T, cfg *inbox.Config) setup {
+	t.Helper()
+	d := testdb.New(t, template)
+	proc, err := txhook.NewProcessor(d.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg == nil {
+		cfg = &inbox.Config{}
+	}
+	if cfg.River == nil {
+		cfg.River = riverConfig()
+	}
+	ib, err := inbox.New(d.Pool, proc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return setup{db: d, proc: proc, ib: ib}
+}
+
+func (s setup) start(t *testing.T) {
+	t.Helper()
+	if err := s.ib.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.ib.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+}
+
+// waitStatus waits up to 30s for the event's row to reach status.
+func (s setup) waitStatus(t *testing.T, key, status string) txhook.EventRecord {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key)
+		if err == nil && rec.Status == status {
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event %s: status %q (err %v), want %q", key, rec.Status, err, status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s setup) applied(t *testing.T, key string) int {
+	t.Helper()
+	var n int
+	err := s.db.Pool.QueryRow(t.Context(), `SELECT n FROM applied WHERE key = $1`, key).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (s setup) jobState(t *testing.T, id int64) string {
+	t.Helper()
+	var state string
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT state FROM river_job WHERE id = $1`, id).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	return state
+}
+
+// waitJobState waits up to 30s for the job to reach state.
+func (s setup) waitJobState(t *testing.T, id int64, state string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.jobState(t, id) != state {
+		if time.Now().After(deadline) {
+			t.Fatalf("job %d: state %q, want %q", id, s.jobState(t, id), state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s setup) jobs(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM river_job`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var secret = "It's a Secret to Everybody"
+
+// endpoint returns a GitHub endpoint whose push route is r, on an httptest
+// server.
+func (s setup) endpoint(t *testing.T, r handler.Route) *httptest.Server {
+	t.Helper()
+	ep, err := handler.New(s.proc, &handler.Config{
+		Source:   "github",
+		Provider: &handler.GitHub{Secrets: []string{secret}},
+		Routes:   map[string]handler.Route{"push": r},
+		Logger:   quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(ep)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// deliver posts a signed push with delivery id key and returns the status.
+func deliver(t *testing.T, srv *httptest.Server, key string) int {
+	t.Helper()
+	body := []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-GitHub-Event", "push")
+	req.Header.Set("X-GitHub-Delivery", key)
+	if err := (&handler.GitHub{Secrets: []string{secret}}).Sign(req.Header, body, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestAcceptThenApply(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	srv := s.endpoint(t, s.ib.Tx("github", "push", apply))
+	if got := deliver(t, srv, "d-1"); got != http.StatusAccepted {
+		t.Fatalf("delivery answered %d, want 202", got)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", "d-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != txhook.StatusQueued || rec.JobID == 0 || !rec.HasPayload {
+		t.Fatalf("accepted record = %+v, want queued with its job and payload", rec)
+	}
+	if n := s.applied(t, "d-1"); n != 0 {
+		t.Fatalf("applied %d times before the worker ran", n)
+	}
+	s.start(t)
+	done := s.waitStatus(t, "d-1", txhook.StatusDone)
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Fatalf("applied %d times, want 1", n)
+	}
+	if done.JobID != rec.JobID || done.HasPayload {
+		t.Errorf("done record = %+v: want job %d kept, payload dropped (StorePayload off)", done, rec.JobID)
+	}
+	if st := s.jobState(t, rec.JobID); st != string(rivertype.JobStateCompleted) {
+		t.Errorf("job state = %s, want completed", st)
+	}
+}
+
+func TestDuplicateWhileQueuedAndAfterDone(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	srv := s.endpoint(t, s.ib.Tx("github", "push", apply))
+	if got := deliver(t, srv, "d-1"); got != http.StatusAccepted {
+		t.Fatalf("first delivery answered %d, want 202", got)
+	}
+	if got := deliver(t, srv, "d-1"); got != http.StatusOK {
+		t.Fatalf("redelivery while queued answered %d, want 200", got)
+	}
+	// A synchronous route sees the queued key as a duplicate too.
+	res, err := s.proc.Process(t.Context(), txhook.Event{Source: "github", Key: "d-1"}, apply)
+	if err != nil || res.Outcome != txhook.OutcomeDuplicate {
+		t.Fatalf("Process of a queued key = %v, %v; want duplicate", res.Outcome, err)
+	}
+	s.start(t)
+	s.waitStatus(t, "d-1", txhook.StatusDone)
+	if got := deliver(t, srv, "d-1"); got != http.StatusOK {
+		t.Fatalf("redelivery after done answered %d, want 200", got)
+	}
+	if n := s.jobs(t); n != 1 {
+		t.Errorf("%d jobs, want 1", n)
+	}
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Errorf("applied %d times, want 1", n)
+	}
+}
+
+func TestErrorThenSuccess(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	var tries atomic.Int32
+	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		if err := apply(ctx, tx, ev); err != nil {
+			return err
+		}
+		if tries.Add(1) == 1 {
+			return errors.New("first try fails")
+		}
+		return nil
+	})
+	if res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Fatalf("applied %d times, want 1 (the failed try rolled back)", n)
+	}
+	if tries.Load() != 2 || rec.Attempts != 2 || rec.LastError == "" {
+		t.Errorf("tries %d, record %+v: want 2 tries, 2 attempts and the first error kept", tries.Load(), rec)
+	}
+}
+
+func TestPermanentThenReplay(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	var fail atomic.Bool
+	fail.Store(true)
+	h := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		if err := apply(ctx, tx, ev); err != nil {
+			return err
+		}
+		if fail.Load() {
+			return txhook.Permanent(errors.New("unknown repository"))
+		}
+		return nil
+	}
+	s.ib.Tx("github", "push", h)
+	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+		t.Fatal(err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusFailed)
+	s.waitJobState(t, rec.JobID, string(rivertype.JobStateCancelled))
+	if n := s.applied(t, "d-1"); n != 0 || !rec.HasPayload || rec.LastError == "" {
+		t.Fatalf("applied %d, record %+v: want the writes rolled back and a dead letter with payload", n, rec)
+	}
+	fail.Store(false)
+	rp, err := txhook.NewReplayer(s.db.Pool, s.ib.HandlerLookup("github"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := rp.Replay(t.Context(), "github", "d-1"); err != nil || res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("Replay = %v, %v; want processed", res.Outcome, err)
+	}
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Errorf("applied %d times after replay, want 1", n)
+	}
+}
+
+func TestLastAttemptFails(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, &inbox.Config{MaxAttempts: 2})
+	var tries atomic.Int32
+	s.ib.Tx("github", "push", func(context.Context, pgx.Tx, txhook.Event) error {
+		tries.Add(1)
+		return errors.New("always fails")
+	})
+	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil {
+		t.Fatal(err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusFailed)
+	s.waitJobState(t, rec.JobID, string(rivertype.JobStateDiscarded))
+	if tries.Load() != 2 {
+		t.Errorf("handler ran %d times, want 2 (MaxAttempts)", tries.Load())
+	}
+}
+
+func TestLeaseRoute(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	var mu sync.Mutex
+	var calls []string // the idempotency keys sent with each external call
+	var tokens []int
+	s.ib.Lease("github", "push", txhook.LeaseHandler{
+		Lease: 5 * time.Second,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+			mu.Lock()
+			calls = append(calls, c.IdempotencyKey("notify"))
+			tokens = append(tokens, c.Token)
+			first := len(calls) == 1
+			mu.Unlock()
+			if first {
+				return nil, errors.New("downstream timed out")
+			}
+			return func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, ev) }, nil
+		},
+	})
+	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, true); err != nil {
+		t.Fatal(err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Fatalf("applied %d times, want 1", n)
+	}
+	// The failed try released its claim at once, recording why (a claim
+	// left to run out would have been taken over without it).
+	if !strings.Contains(rec.LastError, "downstream timed out") {
+		t.Errorf("last error = %q, want the released claim's error", rec.LastError)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 2 || calls[0] != calls[1] || calls[0] != txhook.IdempotencyKey("github", "d-1", "notify") {
+		t.Errorf("external calls = %q: want two with the event's idempotency key", calls)
+	}
+	if len(tokens) != 2 || tokens[0] != 1 || tokens[1] != 2 {
+		t.Errorf("fencing tokens = %v, want [1 2]", tokens)
+	}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestCrashPoints accepts an event, runs a worker process armed to exit at
+// each of the inbox's crash points, then runs a worker in this process:
+// every event is applied exactly once.
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	points := []txhook.CrashPoint{
+		txhook.CrashInboxAfterFetch, txhook.CrashInboxAfterHandler,
+		txhook.CrashInboxBeforeCommit, txhook.CrashInboxAfterCommit,
+	}
+	for _, p := range points {
+		t.Run(string(p), func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t, nil)
+			s.ib.Tx("github", "push", apply)
+			res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false)
+			if err != nil || res.Outcome != txhook.OutcomeQueued {
+				t.Fatalf("Accept = %v, %v", res.Outcome, err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, txhook.CrashPointEnv+"="+string(p))
+			out, err := cmd.CombinedOutput()
+			if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
+				t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
+			}
+			s.start(t)
+			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+			if n := s.applied(t, "d-1"); n != 1 {
+				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
+			}
+		})
+	}
+}
+
+// runChild is the crashing worker: it runs the inbox until the armed crash
+// point ends the process, or gives up after 30s.
+func runChild(url string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	proc, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ib, err := inbox.New(pool, proc, &inbox.Config{River: riverConfig()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ib.Tx("github", "push", apply)
+	if err := ib.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	<-ctx.Done()
+	fmt.Fprintln(os.Stderr, "no crash point reached within 30s")
+	return 2
+}
+
+// TestStopDrainsRunningJob: Stop waits for a running job to finish its
+// apply before it returns.
+func TestStopDrainsRunningJob(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	started := make(chan struct{})
+	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		close(started)
+		time.Sleep(300 * time.Millisecond)
+		return apply(ctx, tx, ev)
+	})
+	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ib.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.ib.Stop(ctx) // stopped already unless the test failed early
+	})
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not start within 30s")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.ib.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", "d-1")
+	if err != nil || rec.Status != txhook.StatusDone || s.applied(t, "d-1") != 1 {
+		t.Fatalf("after Stop: %+v, %v; want the running job's event applied once", rec, err)
+	}
+}
+
+// TestMigrateOnDatabaseRunningRiver: River's migrations apply on a database
+// that already has them (the template ran them on a fresh one).
+func TestMigrateOnDatabaseRunningRiver(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	if err := inbox.Migrate(t.Context(), s.db.Pool); err != nil {
+		t.Fatalf("Migrate on a database running River: %v", err)
+	}
+	var n int
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM river_migration`).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("river_migration rows = %d, %v", n, err)
+	}
+}

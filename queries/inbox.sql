@@ -1,0 +1,62 @@
+-- name: QueueEvent :one
+-- Inbox mode's accept step; see txhook_queue_event in migrations.
+SELECT txhook_queue_event(
+    sqlc.arg(source)::text,
+    sqlc.arg(event_key)::text,
+    sqlc.arg(event_type)::text,
+    sqlc.narg(payload)::bytea,
+    sqlc.narg(payload_hash)::bytea,
+    sqlc.arg(lock_timeout)::text
+)::boolean AS queued;
+
+-- name: SetEventJob :exec
+-- Records the id of the job that applies a queued event.
+UPDATE txhook_processed_events SET job_id = @job_id
+WHERE source = @source AND event_key = @event_key;
+
+-- name: LockQueuedEvent :one
+-- Locks an event for its job, waiting for a concurrent apply of the same event to end, and
+-- returns what the job needs to apply it. No row: the event is gone (pruned or deleted).
+SELECT status, event_type, payload, payload_hash, lease_expires_at
+FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key
+FOR UPDATE;
+
+-- name: MarkQueuedDone :execrows
+-- Marks a queued event done; its payload is kept only when keep_payload is set.
+UPDATE txhook_processed_events
+SET status = 'done', completed_at = now(),
+    payload = CASE WHEN @keep_payload::boolean THEN payload END
+WHERE source = @source AND event_key = @event_key AND status = 'queued';
+
+-- name: RecordQueuedError :execrows
+-- Records a failed try of a queued event that its job will retry.
+UPDATE txhook_processed_events
+SET attempts = attempts + 1, last_error = @last_error
+WHERE source = @source AND event_key = @event_key AND status = 'queued';
+
+-- name: MarkQueuedFailed :execrows
+-- Records a queued event as failed for good (a dead letter, replayable: its payload stays).
+UPDATE txhook_processed_events
+SET status = 'failed', completed_at = now(), last_error = @last_error
+WHERE source = @source AND event_key = @event_key AND status = 'queued';
+
+-- name: ClaimQueuedEvent :one
+-- Inbox mode's claim for a lease-mode handler: takes a queued event (fencing token: its
+-- attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms. No row: the
+-- event is settled, gone or held by a live claim.
+UPDATE txhook_processed_events
+SET status = 'in_progress',
+    attempts = CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END,
+    claimed_at = clock_timestamp(),
+    lease_expires_at = clock_timestamp() + sqlc.arg(lease_ms)::bigint * interval '1 millisecond'
+WHERE source = @source AND event_key = @event_key
+  AND (status = 'queued' OR (status = 'in_progress' AND lease_expires_at <= clock_timestamp()))
+RETURNING attempts, event_type, payload, payload_hash;
+
+-- name: QueueStats :one
+-- The number of queued events and when the oldest of them was accepted.
+SELECT count(*) AS queued, min(created_at)::timestamptz AS oldest,
+       coalesce(extract(epoch FROM now() - min(created_at)) * 1000, 0)::bigint AS oldest_age_ms
+FROM txhook_processed_events
+WHERE status = 'queued';
