@@ -23,7 +23,10 @@
 //
 //   - Overview: events per source and status, events settled per minute over
 //     the last hours (a chart), events in flight and the oldest of them, dead
-//     letters, and the size of the table.
+//     letters, the size of the table, and in inbox mode the queue depth and
+//     how long ago its oldest event was accepted (txhook.ReadQueueStats,
+//     through the index of queued rows; shown only while events are queued:
+//     an empty queue, or no inbox mode, shows nothing).
 //   - Events: filtered by source, status, type and time, a page at a time.
 //   - Event: every column of one event, its payload (pretty-printed JSON),
 //     and for lease mode its lease and fencing token.

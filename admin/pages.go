@@ -113,6 +113,9 @@ type overviewData struct {
 	Now             time.Time
 	// Prune is the pruner's latest run, or nil when none ran.
 	Prune *db.LastPruneRunRow
+	// Queue is inbox mode's queue: events accepted and waiting for their
+	// job. The page shows it only when Queued is not zero.
+	Queue txhook.QueueStats
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -187,6 +190,9 @@ func (h *Handler) loadOverview(ctx context.Context) (*overviewData, error) {
 		} else {
 			d.OldestLeaseLeft = "lease ended " + (-left).String() + " ago: the next delivery takes it over"
 		}
+	}
+	if d.Queue, err = txhook.ReadQueueStats(ctx, h.db); err != nil {
+		return nil, err
 	}
 	runs, err := q.LastPruneRun(ctx)
 	if err != nil {

@@ -254,7 +254,22 @@ func TestPages(t *testing.T) {
 	c := setup(t, admin.Config{AllowWrites: true})
 	ctx := newTab(t)
 
+	// Inbox mode's queue: no card while nothing is queued; then two events
+	// accepted and waiting for their jobs, the oldest 3 minutes ago.
 	run(t, ctx, chromedp.Navigate(c.url+"/txhook/"), chromedp.WaitVisible(chromedp.CSS("#sources")))
+	if n := count(t, ctx, "#inbox-queue"); n != 0 {
+		t.Errorf("overview: an inbox queue card with nothing queued")
+	}
+	if _, err := c.pool.Exec(t.Context(), `
+		INSERT INTO txhook_processed_events (source, event_key, event_type, status, created_at, payload)
+		VALUES ('github', 'q-1', 'push', 'queued', now() - interval '3 minutes', '{}'),
+		       ('github', 'q-2', 'push', 'queued', now() - interval '20 seconds', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ctx, chromedp.Navigate(c.url+"/txhook/"), chromedp.WaitVisible(chromedp.CSS("#sources")))
+	if got := text(t, ctx, "#inbox-queue"); !regexp.MustCompile(`^2\s+queued \(inbox\), oldest accepted 3m0s ago$`).MatchString(got) {
+		t.Errorf("overview: inbox queue = %q, want 2 queued, the oldest 3 minutes ago", got)
+	}
 	if got := text(t, ctx, "#dead-letters"); got != "4" {
 		t.Errorf("overview: dead letters = %q, want 4", got)
 	}
