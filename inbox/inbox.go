@@ -97,9 +97,11 @@ func (LeaseArgs) Kind() string { return "txhook_inbox_lease" }
 // Config configures an Inbox. The zero value (or nil) gives the defaults.
 type Config struct {
 	// River is the River client's configuration, for an application that
-	// runs its own jobs on the same client. The inbox adds its worker to
-	// River.Workers (creating it when nil) and its queue to River.Queues
-	// when missing. Its JobTimeout defaults to DefaultJobTimeout and its
+	// runs its own jobs on the same client: its workers in River.Workers,
+	// its queues in River.Queues, its periodic jobs in River.PeriodicJobs
+	// (examples/github-pushes runs its redelivery sweeper so). The inbox
+	// adds its worker to River.Workers (creating it when nil) and its queue
+	// to River.Queues when missing. Its JobTimeout defaults to DefaultJobTimeout and its
 	// RescueStuckJobsAfter to twice the JobTimeout (River's own default is an
 	// hour, which would leave the job of a killed worker waiting that long).
 	// Defaults to a configuration with only the inbox.

@@ -22,7 +22,12 @@
 // deliveries by itself: with GITHUB_HOOK_ID set, the example runs txhook's
 // redelivery sweeper (package ghsweep) every REDELIVER_INTERVAL, which asks
 // GitHub to redeliver the failed deliveries of the last 3 days whose
-// delivery id is not yet recorded (see docs/github-sweeper.md).
+// delivery id is not yet recorded (see docs/github-sweeper.md). In inbox
+// mode the sweep is a River periodic job on the inbox's client, run once at
+// start and then every REDELIVER_INTERVAL; River's leader inserts it, and
+// the sweeper's advisory lock keeps two sweeps from running at once. In
+// sync mode, which has no River client, a ticker runs it in this process
+// (every instance may run one: the lock makes their runs take turns).
 //
 // Configuration, from the environment:
 //
@@ -73,6 +78,7 @@ import (
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/github-pushes/migrations"
 	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
+	"github.com/txhook/txhook/ghsweep"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/migrations"
@@ -176,14 +182,19 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		}()
 	}
 	if cfg.Sweeper.on() {
-		sctx, stopSweeper := context.WithCancel(ctx)
-		wait, err := startSweeper(sctx, pool, cfg.Sweeper, log)
-		if err != nil {
-			stopSweeper()
-			return err
+		runs := "river periodic job"
+		if cfg.Sync {
+			runs = "ticker"
+			sw, err := newSweeper(pool, cfg.Sweeper, log)
+			if err != nil {
+				return err
+			}
+			sctx, stopSweeper := context.WithCancel(ctx)
+			defer startSweeper(sctx, sw, cfg.Sweeper.Interval)()
+			defer stopSweeper()
 		}
-		defer wait()
-		defer stopSweeper()
+		log.Info("redelivery sweeper on", "hook", ghsweep.RepoHook(cfg.Sweeper.Owner, cfg.Sweeper.Repo, cfg.Sweeper.HookID).String(),
+			"every", cfg.Sweeper.Interval, "as", runs)
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -249,7 +260,8 @@ func openDatabase(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 
 // newHandler returns POST /webhooks/github applying push deliveries through
 // a txhook processor on pool: through the inbox it returns too (not yet
-// started), or, with cfg.Sync, before the answer (a nil inbox).
+// started, with the redelivery sweeper's periodic job when cfg.Sweeper is
+// on), or, with cfg.Sync, before the answer (a nil inbox).
 func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, *inbox.Inbox, error) {
 	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
 	if err != nil {
@@ -262,10 +274,17 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 	var ib *inbox.Inbox
 	route := handler.Route(handler.Tx(apply))
 	if !cfg.Sync {
-		ib, err = inbox.New(pool, proc, &inbox.Config{River: &river.Config{
-			JobTimeout: cfg.JobTimeout,
-			Logger:     log,
-		}})
+		rc := &river.Config{JobTimeout: cfg.JobTimeout, Logger: log}
+		if cfg.Sweeper.on() {
+			sw, err := newSweeper(pool, cfg.Sweeper, log)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := addSweepJob(rc, sw, cfg.Sweeper.Interval); err != nil {
+				return nil, nil, err
+			}
+		}
+		ib, err = inbox.New(pool, proc, &inbox.Config{River: rc})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -64,34 +64,49 @@ type fixture struct {
 	db  *testdb.DB
 	q   *pushesdb.Queries
 	url string
+	ib  *inbox.Inbox // nil in sync mode
 }
 
 // setup serves the example's handler in inbox mode (its River workers
 // running), or with sync in sync mode.
 func setup(t *testing.T, sync bool) *fixture {
 	t.Helper()
+	f := newFixture(t, config{Sync: sync})
+	if f.ib != nil {
+		f.start(t)
+	}
+	return f
+}
+
+// newFixture serves the example's handler with cfg (its database, secret
+// and job timeout set here); in inbox mode, River's workers are not started
+// (start): deliveries are accepted, and wait.
+func newFixture(t *testing.T, cfg config) *fixture {
+	t.Helper()
 	tdb := testdb.New(t, template)
-	h, ib, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: []string{testSecret},
-		Sync: sync, JobTimeout: inbox.DefaultJobTimeout},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cfg.DatabaseURL, cfg.WebhookSecret, cfg.JobTimeout = tdb.URL, []string{testSecret}, inbox.DefaultJobTimeout
+	h, ib, err := newHandler(tdb.Pool, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ib != nil {
-		if err := ib.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := ib.Stop(ctx); err != nil {
-				t.Errorf("stop inbox: %v", err)
-			}
-		})
-	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &fixture{db: tdb, q: pushesdb.New(tdb.Pool), url: srv.URL + "/webhooks/github"}
+	return &fixture{db: tdb, q: pushesdb.New(tdb.Pool), url: srv.URL + "/webhooks/github", ib: ib}
+}
+
+// start starts the inbox's River workers, stopped when the test ends.
+func (f *fixture) start(t *testing.T) {
+	t.Helper()
+	if err := f.ib.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.ib.Stop(ctx); err != nil {
+			t.Errorf("stop inbox: %v", err)
+		}
+	})
 }
 
 func pushBody(t *testing.T, after string, commits int) []byte {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 
 	"github.com/txhook/txhook/ghsweep"
 )
@@ -77,11 +78,9 @@ func loadSweeperConfig(getenv func(string) string) (sweeperConfig, []string) {
 	return c, problems
 }
 
-// startSweeper starts the redelivery sweeper on a ticker in a goroutine
-// and returns a function that waits for it to stop once ctx ends. Several
-// instances of the example may each run one: the sweeper's advisory lock
-// makes their runs take turns.
-func startSweeper(ctx context.Context, pool *pgxpool.Pool, c sweeperConfig, log *slog.Logger) (wait func(), err error) {
+// newSweeper returns the redelivery sweeper of c's hook, for the events of
+// source github.
+func newSweeper(pool *pgxpool.Pool, c sweeperConfig, log *slog.Logger) (*ghsweep.Sweeper, error) {
 	pause := c.Pause
 	if pause == 0 {
 		pause = -1 // ghsweep: no pause
@@ -98,11 +97,77 @@ func startSweeper(ctx context.Context, pool *pgxpool.Pool, c sweeperConfig, log 
 	if err != nil {
 		return nil, fmt.Errorf("new redelivery sweeper: %w", err)
 	}
+	return sw, nil
+}
+
+// startSweeper runs sw every interval on a ticker in a goroutine, in sync
+// mode, where there is no River client, and returns a function that waits
+// for it to stop once ctx ends. Several instances of the example may each
+// run one: the sweeper's advisory lock makes their runs take turns.
+func startSweeper(ctx context.Context, sw *ghsweep.Sweeper, interval time.Duration) (wait func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		sw.RunEvery(ctx, c.Interval)
+		sw.RunEvery(ctx, interval)
 	}()
-	log.Info("redelivery sweeper on", "hook", ghsweep.RepoHook(c.Owner, c.Repo, c.HookID).String(), "every", c.Interval)
-	return func() { <-done }, nil
+	return func() { <-done }
+}
+
+// sweepQueue is the River queue of the sweeper's job: one at a time in a
+// process.
+const sweepQueue = "github_redeliver"
+
+// sweepArgs are the arguments of the River job that runs the sweeper once.
+type sweepArgs struct{}
+
+// Kind is River's name for the job.
+func (sweepArgs) Kind() string { return "github_redeliver" }
+
+// InsertOpts puts the job in its queue and tries it once: the next
+// periodic run is its retry.
+func (sweepArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: sweepQueue, MaxAttempts: 1}
+}
+
+// sweepWorker runs the sweeper once per job.
+type sweepWorker struct {
+	river.WorkerDefaults[sweepArgs]
+	sw      *ghsweep.Sweeper
+	timeout time.Duration
+}
+
+// Work runs one sweep; the sweeper logs its result.
+func (w *sweepWorker) Work(ctx context.Context, _ *river.Job[sweepArgs]) error {
+	_, err := w.sw.Run(ctx)
+	return err
+}
+
+// Timeout bounds a sweep by the longer of the interval and a minute, not
+// by the inbox's job timeout: a sweep pauses between redelivery requests.
+func (w *sweepWorker) Timeout(*river.Job[sweepArgs]) time.Duration { return w.timeout }
+
+// addSweepJob registers sw on rc, the inbox's River configuration, as a
+// periodic job run every interval and once when the client starts (or
+// becomes River's leader). River inserts periodic jobs on its elected
+// leader only; two instances running a sweep at once anyway (a new leader's
+// run on start, a sweep outlasting the interval) are kept apart by the
+// sweeper's advisory lock: the second run finds it held and does nothing.
+func addSweepJob(rc *river.Config, sw *ghsweep.Sweeper, interval time.Duration) error {
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	w := &sweepWorker{sw: sw, timeout: max(interval, time.Minute)}
+	if err := river.AddWorkerSafely(rc.Workers, w); err != nil {
+		return fmt.Errorf("add sweeper worker: %w", err)
+	}
+	if rc.Queues == nil {
+		rc.Queues = make(map[string]river.QueueConfig)
+	}
+	rc.Queues[sweepQueue] = river.QueueConfig{MaxWorkers: 1}
+	rc.PeriodicJobs = append(rc.PeriodicJobs, river.NewPeriodicJob(
+		river.PeriodicInterval(interval),
+		func() (river.JobArgs, *river.InsertOpts) { return sweepArgs{}, nil },
+		&river.PeriodicJobOpts{ID: "github_redeliver", RunOnStart: true},
+	))
+	return nil
 }

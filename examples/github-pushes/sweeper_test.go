@@ -20,11 +20,17 @@ import (
 // down two deliveries fail; a third is committed but its answer is lost, so
 // GitHub records it as failed too. The example's sweeper redelivers the two
 // that never arrived, and not the committed one: every push is applied
-// once.
+// once. In inbox mode the sweeper is River's periodic job; in sync mode, a
+// ticker.
 func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
 	t.Parallel()
-	f := setup(t, false)
-	var mode atomic.Int32 // 0 up, 1 down (503), 2 commits but answers 502
+	t.Run("inbox", func(t *testing.T) { t.Parallel(); testSweeper(t, false) })
+	t.Run("sync", func(t *testing.T) { t.Parallel(); testSweeper(t, true) })
+}
+
+func testSweeper(t *testing.T, sync bool) {
+	var target atomic.Pointer[string] // the example's endpoint
+	var mode atomic.Int32             // 0 up, 1 down (503), 2 commits but answers 502
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch mode.Load() {
 		case 1:
@@ -32,17 +38,28 @@ func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
 			return
 		case 2:
 			rec := httptest.NewRecorder()
-			proxy(t, f.url, rec, r)
+			proxy(t, *target.Load(), rec, r)
 			http.Error(w, "bad gateway", http.StatusBadGateway)
 			return
 		}
-		proxy(t, f.url, w, r)
+		proxy(t, *target.Load(), w, r)
 	}))
 	t.Cleanup(front.Close)
 	const token = "ghp_exampleToken"
 	gh := fakegithub.New(fakegithub.Config{Hook: "repos/octo/hello/hooks/77", Token: token, Target: front.URL, Secret: testSecret})
 	api := httptest.NewServer(gh)
 	t.Cleanup(api.Close)
+	sc, problems := loadSweeperConfig(func(k string) string {
+		return map[string]string{"GITHUB_HOOK_ID": "77", "GITHUB_REPOSITORY": "octo/hello", "GITHUB_TOKEN": token,
+			"GITHUB_API_URL": api.URL, "REDELIVER_INTERVAL": "1s", "REDELIVER_PAUSE": "0"}[k]
+	})
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	// In inbox mode the handler carries the sweeper's periodic job, and
+	// River starts (and with it the first sweep) once the failures are in.
+	f := newFixture(t, config{Sync: sync, Sweeper: sc})
+	target.Store(&f.url)
 
 	ctx := t.Context()
 	if d := gh.Send(ctx, "g-1", "push", pushBody(t, "a1", 1)); d.Status != "OK" {
@@ -57,17 +74,17 @@ func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
 	}
 	mode.Store(0)
 
-	cfg, problems := loadSweeperConfig(func(k string) string {
-		return map[string]string{"GITHUB_HOOK_ID": "77", "GITHUB_REPOSITORY": "octo/hello", "GITHUB_TOKEN": token,
-			"GITHUB_API_URL": api.URL, "REDELIVER_INTERVAL": "1s", "REDELIVER_PAUSE": "0"}[k]
-	})
-	if len(problems) > 0 {
-		t.Fatal(problems)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	wait, err := startSweeper(sctx, f.db.Pool, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
+	wait := func() {}
+	if sync {
+		sw, err := newSweeper(f.db.Pool, sc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithCancel(ctx)
+		w := startSweeper(sctx, sw, sc.Interval)
+		wait = func() { stop(); w() }
+	} else {
+		f.start(t)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	pushes := func() int64 { // 0 until the first queued push is applied
@@ -79,8 +96,14 @@ func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(1500 * time.Millisecond) // one more sweep: it must request nothing more
-	stop()
 	wait()
+	if !sync {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f.ib.Stop(sctx); err != nil {
+			t.Fatalf("stop inbox: %v", err)
+		}
+	}
 	gh.Wait()
 
 	r := f.repo(t)
@@ -89,6 +112,16 @@ func TestSweeperRecoversWhatNeverArrived(t *testing.T) {
 	}
 	if got := slices.Sorted(slices.Values(gh.Redeliveries())); !slices.Equal(got, []string{"g-2", "g-3"}) {
 		t.Fatalf("redelivered %q, want g-2 and g-3 (g-4 was committed)", got)
+	}
+	if !sync {
+		// The sweeps ran as River jobs of their own kind.
+		var n int
+		if err := f.db.Pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'", sweepArgs{}.Kind()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n < 2 {
+			t.Fatalf("%d completed sweep jobs, want at least 2 (on start, then every second)", n)
+		}
 	}
 }
 
