@@ -91,6 +91,8 @@
 //     duplicate.
 //   - done: settled with its effects committed. failed: settled after a
 //     PermanentError, kept for replay (a dead letter).
+//   - queued: inbox mode's accepted and not yet applied key (Accept); a
+//     delivery of it is a duplicate, and its job applies it (ApplyQueued).
 //   - in flight: a key another delivery holds (its transaction has not
 //     ended, or its lease is live); the sender must retry later.
 //   - duplicate filter: the memory of done keys (Config.RecentKeys) and the
