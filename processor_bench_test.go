@@ -2,6 +2,7 @@ package txhook_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -157,5 +158,38 @@ func benchDuplicate(b *testing.B, cfg *txhook.Config) {
 		if err != nil || res.Outcome != txhook.OutcomeDuplicate {
 			b.Fatalf("process = %v, %v", res.Outcome, err)
 		}
+	}
+}
+
+// BenchmarkProcessPermanentFailure measures the failure path: a handler
+// that writes and then fails permanently, so that the event is recorded as
+// failed, with its payload (as every failed event is, for its replay) and
+// without one (an event with an empty payload), side by side: the
+// difference is what keeping dead letters replayable costs.
+func BenchmarkProcessPermanentFailure(b *testing.B) {
+	payload := make([]byte, 2048) // a typical webhook body
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+	for _, size := range []int{0, len(payload)} {
+		b.Run("payload="+strconv.Itoa(size)+"B", func(b *testing.B) {
+			d := testdb.New(b)
+			p, err := txhook.NewProcessor(d.Pool, &txhook.Config{RecentKeys: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			failing := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+				return txhook.Permanent(errors.New("unknown account"))
+			}
+			var n int
+			for b.Loop() {
+				n++
+				ev := txhook.Event{Source: "bench", Key: "evt_fail_" + strconv.Itoa(n), Type: "t", Payload: payload[:size]}
+				res, err := p.Process(b.Context(), ev, failing)
+				if err != nil || res.Outcome != txhook.OutcomeFailed {
+					b.Fatalf("process: %v, %v", res.Outcome, err)
+				}
+			}
+		})
 	}
 }
