@@ -205,8 +205,8 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 			tx.queue = nil // rolled back: nothing deferred needs to run
 		}
 		if tx.first != nil {
-			// Under WithFirstStatement, a body that sent nothing: the first step's
-			// answer still decides.
+			// Under WithFirstStatement, a body that sent nothing: the
+			// first step's answer still decides.
 			tx.begin(ctx, nil, 0)
 		}
 	}

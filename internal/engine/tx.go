@@ -168,15 +168,18 @@ func (t *Tx) err() error {
 }
 
 // cause is why the run failed, when err is set: the failure to begin, the
-// first step's answer, or the failed deferred statement.
+// first step's answer, the failed deferred statement, or the transaction's
+// end.
 func (t *Tx) cause() error {
 	switch {
 	case t.beginErr != nil:
 		return t.beginErr
 	case t.firstErr != nil:
 		return t.firstErr
+	case t.deferErr != nil:
+		return t.deferErr
 	}
-	return t.deferErr
+	return t.err() // ended under the run, by someone else
 }
 
 // direct reports whether a statement can go straight to the transaction,
