@@ -126,10 +126,12 @@ func (s setup) start(t *testing.T) {
 	})
 }
 
-// waitStatus waits up to 30s for the event's row to reach status.
+// waitStatus waits up to 90s for the event's row to reach status: a job
+// whose worker died waits for River's rescuer, which runs on an interval of
+// its own (about half a minute) and, on a loaded machine, later.
 func (s setup) waitStatus(t *testing.T, key, status string) txhook.EventRecord {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key)
 		if err == nil && rec.Status == status {
