@@ -324,71 +324,13 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	}
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts)}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
-	p.crash.at(CrashLeaseAfterClaim)
-	failed := func(err error) (Result, error) {
+	lastAttempt := func(err error) error {
 		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) {
-			err = Permanent(err)
+			return Permanent(err)
 		}
-		return p.leaseFailed(ctx, c, ev.Payload, err)
+		return err
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			p.leaseFailed(ctx, c, ev.Payload, fmt.Errorf("handler panicked: %v", v))
-			panic(v)
-		}
-	}()
-
-	k := p.keepLease(ctx, c, s, claimedAt)
-	var lost bool
-	commit, err := func() (TxFunc, error) {
-		defer func() { lost = k.stop() }()
-		return h.Work(k.ctx, c, ev)
-	}()
-	if err != nil {
-		if lost {
-			err = errors.Join(err, ErrLeaseLost)
-		}
-		return failed(err)
-	}
-	p.crash.at(CrashLeaseAfterExternal)
-
-	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
-		First: func(ctx context.Context, q engine.Querier) error {
-			n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token),
-			})
-			switch {
-			case err != nil:
-				return fmt.Errorf("mark event done: %w", err)
-			case n == 0:
-				return ErrLeaseLost
-			}
-			return nil
-		},
-		Body: func(ctx context.Context, tx pgx.Tx) error {
-			if commit != nil {
-				if err := commit(ctx, tx); err != nil {
-					if IsPermanent(err) {
-						return err
-					}
-					return fmt.Errorf("commit event: %w", err)
-				}
-			}
-			return j.complete(ctx, tx)
-		},
-		BeforeCommit: func() { p.crash.at(CrashLeaseBeforeCommit) },
-	})
-	err = apiError(err)
-	switch {
-	case err == nil:
-		p.crash.at(CrashLeaseAfterCommit)
-		return Result{Outcome: OutcomeProcessed}, nil
-	case errors.Is(err, ErrLeaseLost):
-		return Result{}, fmt.Errorf("complete event: %w", err)
-	case errors.Is(err, ErrCommitUnknown):
-		return Result{}, err
-	}
-	return failed(err)
+	return p.runClaim(ctx, c, ev, s, claimedAt, h.Work, j.complete, lastAttempt)
 }
 
 // settledOrHeld answers a lease-mode job whose event could not be claimed:

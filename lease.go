@@ -175,7 +175,26 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts)}
+	return p.runClaim(ctx, c, ev, s, claimedAt, h.Work, nil, nil)
+}
+
+// runClaim runs an event claimed as c: phase one (work) under the lease,
+// renewed as s says from claimedAt, then phase two in one transaction: the
+// done mark first, so that a lost claim is found before the business writes
+// and the row stays locked against takeovers until COMMIT (it travels with
+// BEGIN), then work's writes and then, if set, also's (inbox mode completes
+// its job there). An error ends the claim (leaseFailed), after failWrap,
+// when set, has had its say (inbox mode makes its last attempt's error
+// permanent).
+func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, claimedAt time.Time,
+	work LeaseFunc, also TxFunc, failWrap func(error) error) (Result, error) {
 	p.crash.at(CrashLeaseAfterClaim)
+	failed := func(err error) (Result, error) {
+		if failWrap != nil {
+			err = failWrap(err)
+		}
+		return p.leaseFailed(ctx, c, ev.Payload, err)
+	}
 	defer func() {
 		// A panicking handler releases its claim like a failing one, so that
 		// the retry need not wait for the lease to run out.
@@ -190,19 +209,17 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	var lost bool
 	commit, err := func() (TxFunc, error) {
 		defer func() { lost = k.stop() }()
-		return h.Work(k.ctx, c, ev)
+		return work(k.ctx, c, ev)
 	}()
 	if err != nil {
 		if lost {
 			err = errors.Join(err, ErrLeaseLost)
 		}
-		return p.leaseFailed(ctx, c, ev.Payload, err)
+		return failed(err)
 	}
 	p.crash.at(CrashLeaseAfterExternal)
 
-	// Phase two: the done mark first, so that a lost claim is found before
-	// the business writes and the row stays locked against takeovers until
-	// COMMIT. The done mark travels with BEGIN.
+	// Phase two.
 	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
@@ -217,14 +234,16 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 			return nil
 		},
 		Body: func(ctx context.Context, tx pgx.Tx) error {
-			if commit == nil {
-				return nil
-			}
-			if err := commit(ctx, tx); err != nil {
-				if IsPermanent(err) {
-					return err
+			if commit != nil {
+				if err := commit(ctx, tx); err != nil {
+					if IsPermanent(err) {
+						return err
+					}
+					return fmt.Errorf("commit event: %w", err)
 				}
-				return fmt.Errorf("commit event: %w", err)
+			}
+			if also != nil {
+				return also(ctx, tx)
 			}
 			return nil
 		},
@@ -242,7 +261,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		// status anyway, but the connection is likely gone: report as is.
 		return Result{}, err
 	}
-	return p.leaseFailed(ctx, c, ev.Payload, err)
+	return failed(err)
 }
 
 // claim runs the claim statement in its own transaction, after g's check.
