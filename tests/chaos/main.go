@@ -114,13 +114,22 @@ func defaultConfig() config {
 	}
 }
 
-// runMain runs cfg on the database at dbURL, or on a throwaway cluster when
-// it is empty, prints the summary line and any problems, and reports
-// whether the run was clean.
-func runMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
+// outcome is what every scenario reports.
+type outcome interface {
+	ok() bool
+	summary() string
+}
+
+// onDatabase runs scenario on the database at dbURL or, when it is empty,
+// on a throwaway cluster (whose restart it hands over when restartDB),
+// prints the summary line and any problems, and reports whether the run was
+// clean.
+func onDatabase(ctx context.Context, log func(string, ...any), dbURL string, restartDB bool,
+	scenario func(dbURL string, restart func(context.Context) error) (outcome, []string, error)) (bool, error) {
+	var restart func(context.Context) error
 	if dbURL == "" {
-		if cfg.Log != nil {
-			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
+		if log != nil {
+			log("no DATABASE_URL: starting a throwaway PostgreSQL")
 		}
 		c, err := pgcluster.Start(ctx)
 		if err != nil {
@@ -129,23 +138,31 @@ func runMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (boo
 		defer c.Stop()
 		dbURL = c.URL
 		if restartDB {
-			cfg.RestartDB = c.Restart
+			restart = c.Restart
 		}
 	}
-	cfg.DatabaseURL = dbURL
-	res, err := run(ctx, cfg)
+	res, problems, err := scenario(dbURL, restart)
 	if err != nil {
 		return false, err
 	}
-	for _, p := range res.Problems {
+	for _, p := range problems {
 		fmt.Fprintln(os.Stderr, "problem:", p)
 	}
 	fmt.Println(res.summary())
 	return res.ok(), nil
 }
 
+// runMain runs cfg (see onDatabase).
+func runMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
+	return onDatabase(ctx, cfg.Log, dbURL, restartDB, func(url string, restart func(context.Context) error) (outcome, []string, error) {
+		cfg.DatabaseURL, cfg.RestartDB = url, restart
+		res, err := run(ctx, cfg)
+		return res, res.Problems, err
+	})
+}
+
 // runGitHubMain runs the GitHub scenario with the sizes of cfg that apply
-// (-events pushes, -senders, -kills), on dbURL or a throwaway cluster.
+// (-events pushes, -senders, -kills); see onDatabase.
 func runGitHubMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
 	gcfg := defaultGitHubConfig()
 	if isFlagSet("events") {
@@ -155,30 +172,11 @@ func runGitHubMain(ctx context.Context, cfg config, dbURL string, restartDB bool
 		gcfg.Kills = cfg.Kills
 	}
 	gcfg.Senders, gcfg.Timeout, gcfg.Seed, gcfg.Log = cfg.Senders, cfg.Timeout, cfg.Seed, cfg.Log
-	if dbURL == "" {
-		if cfg.Log != nil {
-			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
-		}
-		c, err := pgcluster.Start(ctx)
-		if err != nil {
-			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
-		}
-		defer c.Stop()
-		dbURL = c.URL
-		if restartDB {
-			gcfg.RestartDB = c.Restart
-		}
-	}
-	gcfg.DatabaseURL = dbURL
-	res, err := runGitHub(ctx, gcfg)
-	if err != nil {
-		return false, err
-	}
-	for _, p := range res.Problems {
-		fmt.Fprintln(os.Stderr, "problem:", p)
-	}
-	fmt.Println(res.summary())
-	return res.ok(), nil
+	return onDatabase(ctx, cfg.Log, dbURL, restartDB, func(url string, restart func(context.Context) error) (outcome, []string, error) {
+		gcfg.DatabaseURL, gcfg.RestartDB = url, restart
+		res, err := runGitHub(ctx, gcfg)
+		return res, res.Problems, err
+	})
 }
 
 func isFlagSet(name string) bool {
@@ -188,7 +186,7 @@ func isFlagSet(name string) bool {
 }
 
 // runInboxMain runs the inbox scenario with the sizes of cfg that apply
-// (-events pushes, -senders, -kills), on dbURL or a throwaway cluster.
+// (-events pushes, -senders, -kills); see onDatabase.
 func runInboxMain(ctx context.Context, cfg config, dbURL string, restartDB bool) (bool, error) {
 	icfg := defaultInboxConfig()
 	if isFlagSet("events") {
@@ -198,28 +196,9 @@ func runInboxMain(ctx context.Context, cfg config, dbURL string, restartDB bool)
 		icfg.Kills = cfg.Kills
 	}
 	icfg.Senders, icfg.Timeout, icfg.Seed, icfg.Log = cfg.Senders, cfg.Timeout, cfg.Seed, cfg.Log
-	if dbURL == "" {
-		if cfg.Log != nil {
-			cfg.Log("no DATABASE_URL: starting a throwaway PostgreSQL")
-		}
-		c, err := pgcluster.Start(ctx)
-		if err != nil {
-			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
-		}
-		defer c.Stop()
-		dbURL = c.URL
-		if restartDB {
-			icfg.RestartDB = c.Restart
-		}
-	}
-	icfg.DatabaseURL = dbURL
-	res, err := runInbox(ctx, icfg)
-	if err != nil {
-		return false, err
-	}
-	for _, p := range res.Problems {
-		fmt.Fprintln(os.Stderr, "problem:", p)
-	}
-	fmt.Println(res.summary())
-	return res.ok(), nil
+	return onDatabase(ctx, cfg.Log, dbURL, restartDB, func(url string, restart func(context.Context) error) (outcome, []string, error) {
+		icfg.DatabaseURL, icfg.RestartDB = url, restart
+		res, err := runInbox(ctx, icfg)
+		return res, res.Problems, err
+	})
 }
