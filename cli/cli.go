@@ -297,6 +297,25 @@ func (c *cli) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// connectPool opens a small pool (two connections) to the database, for the
+// commands that run transactions through txhook (replay, the sweeper).
+func (c *cli) connectPool(ctx context.Context) (*pgxpool.Pool, error) {
+	u, err := c.url()
+	if err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
 func closeConn(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

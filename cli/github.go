@@ -12,8 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/ghsweep"
 )
@@ -115,18 +113,9 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 			return usagef("no token: set GITHUB_TOKEN (never passed as a flag, so that it stays out of process listings)")
 		}
 	}
-	u, err := c.url()
+	pool, err := c.connectPool(ctx)
 	if err != nil {
 		return err
-	}
-	pcfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		return fmt.Errorf("parse database URL: %w", err)
-	}
-	pcfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
 	cfg.Logger = slog.New(slog.DiscardHandler) // the result and the error are printed

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/txhook/txhook"
 )
 
@@ -92,18 +90,9 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 	case !*dryRun && c.cfg.NewReplayer == nil:
 		return usagef("replay runs the application's handlers, which %s does not have: run it from the application's own binary (package github.com/txhook/txhook/cli), or list what it would replay with --dry-run", c.name)
 	}
-	u, err := c.url()
+	pool, err := c.connectPool(ctx)
 	if err != nil {
 		return err
-	}
-	pcfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		return fmt.Errorf("parse database URL: %w", err)
-	}
-	pcfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
 
