@@ -14,7 +14,7 @@ FUZZMINIMIZETIME ?= 2s
 # Modules with their own go.mod (the library first).
 MODULES := . tests otelhook inbox examples/github-pushes
 
-.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench fuzz screenshots
+.PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench bench-scale fuzz screenshots
 
 # step prints what make test is doing, with the time, between its steps.
 step = @printf '\n==> %s  %s\n' "$$(date +%H:%M:%S)" $(1)
@@ -67,6 +67,12 @@ chaos:
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
 bench:
 	cd tests && $(GO) run ./bench -out ../BENCHMARKS.md -root ..
+
+## bench-scale: the library row against events tables of 0, 10 M and 50 M rows (generated once into a
+## cluster kept between runs, under /var/tmp or TXHOOK_SCALE_DIR; or on DATABASE_URL's server), with and
+## without a pruner running; written into BENCHMARKS.md's scale section. The first run fills the tables.
+bench-scale:
+	cd tests && $(GO) run ./bench -scale -out ../BENCHMARKS.md -root ..
 
 ## fuzz: every fuzz target of every module, for FUZZTIME each (default 30s).
 fuzz:

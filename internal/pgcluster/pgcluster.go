@@ -31,8 +31,10 @@ type Cluster struct {
 	dir     string
 	binDir  string
 	runAs   string
-	opts    string // server options given to pg_ctl start
-	durable bool   // keep PostgreSQL's default durability settings
+	opts     string   // server options given to pg_ctl start
+	durable  bool     // keep PostgreSQL's default durability settings
+	kept     bool     // Stop leaves the folder (StartKept)
+	settings []string // extra server settings, name=value
 }
 
 // ErrNoServer reports that no PostgreSQL server binaries were found.
@@ -79,6 +81,33 @@ func StartDurable(ctx context.Context) (*Cluster, error) {
 	return start(ctx, true)
 }
 
+// StartKept starts a durable cluster whose files live in dir and outlive
+// it: the first call creates the cluster there (initdb), later calls start
+// it again with its databases as they were left. Stop shuts it down and
+// keeps dir. settings are extra server settings (name=value), given on
+// every start. For benchmarks whose data takes long to make.
+func StartKept(ctx context.Context, dir string, settings ...string) (*Cluster, error) {
+	binDir, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pgcluster: create %s: %w", dir, err)
+	}
+	c := &Cluster{dir: dir, binDir: binDir, durable: true, kept: true, settings: settings}
+	if os.Geteuid() == 0 {
+		c.runAs = "postgres"
+		if err := chownTo(dir, c.runAs); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.start(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
 func start(ctx context.Context, durable bool) (*Cluster, error) {
 	binDir, err := BinDir()
 	if err != nil {
@@ -118,9 +147,11 @@ func chownTo(dir, name string) error {
 
 func (c *Cluster) start(ctx context.Context) error {
 	data := filepath.Join(c.dir, "data")
-	if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
-		return fmt.Errorf("pgcluster: initdb: %w: %s", err, out)
+	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err != nil || !c.kept {
+		if out, err := c.run(ctx, "initdb", "-D", data, "-U", "postgres", "-A", "trust",
+			"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+			return fmt.Errorf("pgcluster: initdb: %w: %s", err, out)
+		}
 	}
 	var lastErr error
 	for range 5 {
@@ -137,6 +168,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 		if !c.durable {
 			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		}
+		for _, kv := range c.settings {
+			args = append(args, "-c", kv)
 		}
 		opts := strings.Join(args, " ")
 		out, err := c.run(ctx, "pg_ctl", "-D", data, "-o", opts,
@@ -156,18 +190,23 @@ func (c *Cluster) start(ctx context.Context) error {
 	return lastErr
 }
 
-// Stop stops the server at once and removes its folder.
+// Stop stops the server at once and removes its folder; a cluster started
+// with StartKept is shut down cleanly and its folder kept.
 func (c *Cluster) Stop() error {
 	var err error
 	if c.Port != 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		mode := "immediate"
+		if c.kept {
+			mode = "fast"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if out, serr := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop"); serr != nil {
+		if out, serr := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", mode, "-w", "stop"); serr != nil {
 			err = fmt.Errorf("pgcluster: pg_ctl stop: %w: %s", serr, out)
 		}
 		c.Port = 0
 	}
-	if c.dir != "" {
+	if c.dir != "" && !c.kept {
 		if rerr := os.RemoveAll(c.dir); rerr != nil && err == nil {
 			err = rerr
 		}

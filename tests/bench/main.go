@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,7 +52,20 @@ func main() {
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
+	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
+	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
+	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
 	flag.Parse()
+	if o.scale {
+		for s := range strings.SplitSeq(*rowsFlag, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil || n < 0 {
+				fmt.Fprintf(os.Stderr, "bench: bad size %q\n", s)
+				os.Exit(2)
+			}
+			o.scaleRows = append(o.scaleRows, n)
+		}
+	}
 	for s := range strings.SplitSeq(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -65,7 +79,11 @@ func main() {
 		os.Exit(2)
 	}
 	o.dbURL = os.Getenv("DATABASE_URL")
-	if err := run(ctx, o); err != nil {
+	runner := run
+	if o.scale {
+		runner = runScale
+	}
+	if err := runner(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -83,9 +101,14 @@ type options struct {
 	profile  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
-	dbURL            string
-	tmp              string // the run's temporary folder
-	tag              string // prefix of the run's event keys
+	// scale runs the scale benchmark on tables of scaleRows rows, in a
+	// cluster kept in scaleDir (without DATABASE_URL).
+	scale     bool
+	scaleRows []int64
+	scaleDir  string
+	dbURL     string
+	tmp       string // the run's temporary folder
+	tag       string // prefix of the run's event keys
 	// serverURL is the throwaway cluster's maintenance database, where the
 	// micro-benchmarks create their databases; empty with DATABASE_URL.
 	serverURL string
@@ -93,4 +116,14 @@ type options struct {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// defaultScaleDir is where make bench-scale keeps its cluster:
+// $TXHOOK_SCALE_DIR, or txhook-bench-scale under /var/tmp (kept across
+// reboots, and reachable by the postgres user when the bench runs as root).
+func defaultScaleDir() string {
+	if d := os.Getenv("TXHOOK_SCALE_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join("/var/tmp", "txhook-bench-scale")
 }

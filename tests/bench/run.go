@@ -144,7 +144,13 @@ func run(ctx context.Context, o options) error {
 		rep.micro = microBenchmarks(ctx, o.root, o.serverURL)
 	}
 	rep.finished = time.Now()
-	if err := os.WriteFile(o.out, []byte(rep.markdown()), 0o644); err != nil {
+	// The scale section belongs to make bench-scale: keep it.
+	old, _ := os.ReadFile(o.out)
+	doc := rep.markdown()
+	if s := scaleSectionOf(string(old)); s != "" {
+		doc = withScaleSection(doc, s[len(scaleBegin):len(s)-len(scaleEnd)-1])
+	}
+	if err := os.WriteFile(o.out, []byte(doc), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	logf("wrote %s", o.out)
