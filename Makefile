@@ -57,10 +57,13 @@ demo:
 	$(GO) run ./cmd/demo
 
 ## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
+## then the same against three receiver processes on one database, sent deliveries round robin
+## (3,000 events, 36 kills, each on a receiver drawn at random);
 ## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
 ## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once.
 chaos:
 	cd tests && $(GO) run ./chaos
+	cd tests && $(GO) run ./chaos -receivers 3 -events 3000 -kills 36
 	cd tests && $(GO) run ./chaos -github
 	cd tests && $(GO) run ./chaos -inbox
 
