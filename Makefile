@@ -67,7 +67,8 @@ chaos:
 	cd tests && $(GO) run ./chaos -github
 	cd tests && $(GO) run ./chaos -inbox
 
-## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
+## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md
+## (the example over HTTP as one process and as three on one database, among the rows).
 bench:
 	cd tests && $(GO) run ./bench -out ../BENCHMARKS.md -root ..
 
