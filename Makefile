@@ -57,14 +57,18 @@ demo:
 	$(GO) run ./cmd/demo
 
 ## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
+## then the same against three receiver processes on one database, sent deliveries round robin
+## (3,000 events, 36 kills, each on a receiver drawn at random);
 ## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
 ## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once.
 chaos:
 	cd tests && $(GO) run ./chaos
+	cd tests && $(GO) run ./chaos -receivers 3 -events 3000 -kills 36
 	cd tests && $(GO) run ./chaos -github
 	cd tests && $(GO) run ./chaos -inbox
 
-## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md.
+## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md
+## (the example over HTTP as one process and as three on one database, among the rows).
 bench:
 	cd tests && $(GO) run ./bench -out ../BENCHMARKS.md -root ..
 

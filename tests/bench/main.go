@@ -11,6 +11,8 @@
 //   - duplicate storm (library): Process on already processed events;
 //   - txhook HTTP: the stripe-orders example under load through real HTTP
 //     with real Stripe signatures;
+//   - txhook HTTP, 3 receivers: the same example as three processes on the
+//     same database, the load generator sending requests round robin;
 //   - duplicate storm (HTTP): redeliveries of already processed events;
 //   - baseline HTTP: a hand-written pgx receiver doing the same work;
 //   - inbox mode: its accept rate over HTTP beside the synchronous route on

@@ -90,8 +90,8 @@ func merge(name string, c int, rounds []sample) cell {
 }
 
 // cpuSplit is CPU time in milliseconds, spent by the load generator (this
-// process or pgbench), the HTTP receiver (when one runs) and everything
-// else on the machine (PostgreSQL, mostly).
+// process or pgbench), the HTTP receiver processes (when they run) and
+// everything else on the machine (PostgreSQL, mostly).
 type cpuSplit struct {
 	Client, Receiver, Rest float64
 }
@@ -99,18 +99,18 @@ type cpuSplit struct {
 // cpuSample is the CPU counters at one moment.
 type cpuSample struct {
 	self     time.Duration // this process
-	receiver time.Duration // the receiver child, if any
+	receiver time.Duration // the receiver children, if any
 	machine  time.Duration // all CPUs, busy time
 }
 
-func sampleCPU(receiverPID int) cpuSample {
+func sampleCPU(receiverPIDs []int) cpuSample {
 	var s cpuSample
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	if receiverPID > 0 {
-		s.receiver = procCPU(receiverPID)
+	for _, pid := range receiverPIDs {
+		s.receiver += procCPU(pid)
 	}
 	s.machine = machineBusy()
 	return s
@@ -179,10 +179,11 @@ func cpuBetween(a, b cpuSample, client time.Duration) cpuSplit {
 // was not applied.
 type opFunc func(ctx context.Context, w int) error
 
-// receiver identifies the process that does the work of an HTTP row.
+// receiver identifies the processes that do the work of an HTTP row: one,
+// or several behind a round-robin load generator.
 type receiver struct {
-	pid int
-	// mallocs reads the process's count of heap allocations so far.
+	pids []int
+	// mallocs reads the processes' count of heap allocations so far, summed.
 	mallocs func() (uint64, error)
 }
 
@@ -191,9 +192,9 @@ type receiver struct {
 // over d is the throughput. Allocations are counted in this process, or in
 // recv when it is not nil.
 func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver, op opFunc) sample {
-	receiverPID := 0
+	var receiverPIDs []int
 	if recv != nil {
-		receiverPID = recv.pid
+		receiverPIDs = recv.pids
 	}
 	start := time.Now()
 	from, to := start.Add(warmup), start.Add(warmup+d)
@@ -217,10 +218,10 @@ func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver
 	wg.Go(func() {
 		time.Sleep(time.Until(from))
 		m0 = mallocs()
-		cpu0 = sampleCPU(receiverPID)
+		cpu0 = sampleCPU(receiverPIDs)
 		time.Sleep(time.Until(to))
 		m1 = mallocs()
-		cpu1 = sampleCPU(receiverPID)
+		cpu1 = sampleCPU(receiverPIDs)
 	})
 	for w := range c {
 		lat[w] = make([]time.Duration, 0, 1<<14)

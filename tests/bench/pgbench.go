@@ -73,9 +73,9 @@ func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Du
 		dbURL}
 	cmd := exec.CommandContext(ctx, "pgbench", args...)
 	cmd.Dir = logDir
-	cpu0 := sampleCPU(0)
+	cpu0 := sampleCPU(nil)
 	out, err := cmd.CombinedOutput()
-	cpu1 := sampleCPU(0)
+	cpu1 := sampleCPU(nil)
 	if err != nil {
 		return sample{}, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}

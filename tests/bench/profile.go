@@ -66,7 +66,7 @@ func profileExample(ctx context.Context, o options, dbURL, bin string, c int, du
 	}
 	logf("c=%d profiling %s", c, name)
 	prof := filepath.Join(o.tmp, "example-"+strconv.FormatBool(dup)+".cpu")
-	ex, err := startReceiver(ctx, o, dbURL, c, scenHTTP, bin, nil, prof)
+	ex, err := startReceiver(ctx, o, dbURL, c, 1, scenHTTP, bin, nil, prof)
 	if err != nil {
 		return profileSummary{}, err
 	}
@@ -91,7 +91,7 @@ func profileExample(ctx context.Context, o options, dbURL, bin string, c int, du
 			return ex.post(ctx, body)
 		}
 	}
-	if err := syscall.Kill(ex.recv.pid, syscall.SIGUSR2); err != nil {
+	if err := syscall.Kill(ex.recv.pids[0], syscall.SIGUSR2); err != nil {
 		return profileSummary{}, fmt.Errorf("start the example's profile: %w", err)
 	}
 	// The load outlasts the profile.

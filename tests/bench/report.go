@@ -179,6 +179,10 @@ func (r *report) markdown() string {
 	p("  keep-alive connections with real Stripe signatures (fresh timestamp and HMAC per request); the example logs one")
 	p("  line per delivery (to a file in /dev/shm when the machine has it: in memory, away from the database's disk); its")
 	p("  pool has c connections (`pool_max_conns` and `pool_min_conns` in DATABASE_URL).")
+	p("- **%s**: the same example as %d processes on the same database, each with a pool of c/%d connections", scenHTTPMulti, httpReceivers, httpReceivers)
+	p("  rounded up (together about the c of the other rows: c rounded up to a multiple of %d), behind the same load", httpReceivers)
+	p("  generator with the same c clients, sending each request to the next process in turn (round robin, as a load")
+	p("  balancer would). Allocations and receiver CPU are the processes' sum.")
 	p("- **%s**: the same load generator redelivering events the example already processed.", scenHTTPDup)
 	p("- **%s**: a straightforward hand-written receiver (net/http, hand-rolled signature check, one pgx", scenBaselineHTTP)
 	p("  transaction: its own event-id insert ON CONFLICT DO NOTHING, then the same writes), as a separate process with")
@@ -193,9 +197,9 @@ func (r *report) markdown() string {
 	p("")
 	p("Latencies are per event as the client sees them. Allocations per event are heap allocations (Go's runtime")
 	p("counters, as `-benchmem` reports them) in the process doing the work: the measuring process for the in-process rows,")
-	p("the receiver process for the HTTP rows (the example is built with a small file added through `go build -overlay`")
+	p("the receiver processes for the HTTP rows (the example is built with a small file added through `go build -overlay`")
 	p("that reports its allocation count on SIGUSR1; its own files and request path are unchanged). CPU per event splits")
-	p("the machine's busy time over the cell: the load generator (this process, or pgbench), the receiver process, and the")
+	p("the machine's busy time over the cell: the load generator (this process, or pgbench), the receiver processes, and the")
 	p("rest (PostgreSQL, mostly, and anything else running on the machine).")
 	p("")
 	p("## Results")
@@ -236,6 +240,8 @@ func (r *report) markdown() string {
 		{"txhook library / limit, pipelined as txhook", scenLibrary, scenLimitPipe},
 		{"limit, pipelined as txhook / limit", scenLimitPipe, scenLimit},
 		{"txhook HTTP / limit", scenHTTP, scenLimit},
+		{"txhook HTTP, 3 receivers / limit", scenHTTPMulti, scenLimit},
+		{"txhook HTTP: 3 receivers / 1 receiver", scenHTTPMulti, scenHTTP},
 		{"baseline pgx HTTP / limit", scenBaselineHTTP, scenLimit},
 		{"naive dedupe / limit", scenNaive, scenLimit},
 		{"pgx, same SQL / limit", scenRawPgx, scenLimit},
@@ -302,7 +308,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPDup} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup} {
 		var vals []string
 		for _, c := range r.opts.conc {
 			x, ok := r.find(s, c)
@@ -437,6 +443,16 @@ func (r *report) explain(p func(string, ...any)) {
 				a[profileAreas[1].label], a[profileAreas[0].label], a[profileAreas[3].label], a[profileAreas[2].label], a[profileAreas[4].label])
 			p("  txhook's own functions %.1f%%.", r.httpProfile.own)
 		}
+	}
+	if m := r.ratio(scenHTTPMulti, scenHTTP, c); m > 0 {
+		one, _ := r.find(scenHTTP, c)
+		many, _ := r.find(scenHTTPMulti, c)
+		p("- %d example processes on the same database, behind the round-robin load generator, reach %.2f× the rate of", httpReceivers, m)
+		p("  one process with the same number of clients; the processes spend %.2f ms of CPU per event together, the one", many.CPU.Receiver)
+		p("  process %.2f, and p99 is %s ms against %s. Here all of them share the machine's %d CPUs with PostgreSQL and",
+			one.CPU.Receiver, ms(many.P99), ms(one.P99), runtime.NumCPU())
+		p("  the load generator, so more processes bring no more CPU: the row shows what running the receiver as %d", httpReceivers)
+		p("  processes on one database costs against one, not what %d machines would reach.", httpReceivers)
 	}
 	if d := r.ratio(scenHTTPDup, scenHTTP, c); d > 0 {
 		p("- A redelivery of a key the example's Processor saw done recently is answered from its memory: over HTTP it")

@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,11 +39,16 @@ const (
 	scenLibraryDup   = "duplicate storm (library)"
 	scenLibraryDupDB = "duplicate storm (library, no memory)"
 	scenHTTP         = "txhook HTTP"
+	scenHTTPMulti    = "txhook HTTP, 3 receivers"
 	scenHTTPDup      = "duplicate storm (HTTP)"
 	scenBaselineHTTP = "baseline pgx HTTP"
 	scenRawPgx       = "pgx, same SQL, no txhook"
 	scenBatchPgx     = "pgx batch, 1 round trip"
 )
+
+// httpReceivers is how many example processes serve scenHTTPMulti, on the
+// same database behind the round-robin load generator.
+const httpReceivers = 3
 
 // customers is how many customers the events are spread over.
 const customers = 1000
@@ -190,12 +197,17 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	if err != nil {
 		return nil, err
 	}
-	example, err := startReceiver(ctx, o, dbURL, c, scenHTTP, exampleBin, nil, "")
+	example, err := startReceiver(ctx, o, dbURL, c, 1, scenHTTP, exampleBin, nil, "")
 	if err != nil {
 		return nil, err
 	}
 	defer example.stop()
-	baseline, err := startReceiver(ctx, o, dbURL, c, scenBaselineHTTP, self, []string{baselineEnv + "=1"}, "")
+	examples, err := startReceiver(ctx, o, dbURL, c, httpReceivers, scenHTTPMulti, exampleBin, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer examples.stop()
+	baseline, err := startReceiver(ctx, o, dbURL, c, 1, scenBaselineHTTP, self, []string{baselineEnv + "=1"}, "")
 	if err != nil {
 		return nil, err
 	}
@@ -262,13 +274,16 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 	httpNew, httpDone := newEvents(scenHTTP, "http", example.recv, func(ctx context.Context, _ string, body []byte) error {
 		return example.post(ctx, body)
 	})
+	httpMulti, _ := newEvents(scenHTTPMulti, "httpmulti", examples.recv, func(ctx context.Context, _ string, body []byte) error {
+		return examples.post(ctx, body)
+	})
 	httpDup := redeliveries(scenHTTPDup, "http", httpDone, example.recv, func(ctx context.Context, _ string, body []byte) error {
 		return example.post(ctx, body)
 	})
 	base, _ := newEvents(scenBaselineHTTP, "base", baseline.recv, func(ctx context.Context, _ string, body []byte) error {
 		return baseline.post(ctx, body)
 	})
-	list = append(list, naive, raw, batch, lib, libFirst, libDup, libDupDB, httpNew, httpDup, base)
+	list = append(list, naive, raw, batch, lib, libFirst, libDup, libDupDB, httpNew, httpMulti, httpDup, base)
 	if o.inbox || o.onlyInbox {
 		ib, err := newInboxBench(ctx, dbURL, c)
 		if err != nil {
@@ -327,64 +342,59 @@ type httpTarget struct {
 	stop func()
 }
 
-// startReceiver starts bin (the example, or this binary as the baseline)
-// on a free port and returns it with a load generator's post function for
-// c concurrent clients: it signs each body as Stripe does and expects 200.
-// With cpuProfile set, the receiver (the example built with the
+// startReceiver starts n processes of bin (the example, or this binary as
+// the baseline) on free ports, all on the database at dbURL, and returns
+// them with a load generator's post function for c concurrent clients: it
+// signs each body as Stripe does, sends each request to the next process in
+// turn (round robin, as a load balancer would), and expects 200. Each
+// process has a pool of c/n connections, rounded up, so that the processes
+// together hold about the c connections of every other row. With
+// cpuProfile set, the first process (the example built with the
 // instrumenting overlay) writes a CPU profile of profileDuration there once
 // sent SIGUSR2.
-func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bin string, env []string, cpuProfile string) (*httpTarget, error) {
-	addr, err := localaddr.Free()
-	if err != nil {
-		return nil, err
-	}
+func startReceiver(ctx context.Context, o options, dbURL string, c, n int, name, bin string, env []string, cpuProfile string) (*httpTarget, error) {
 	secret := "whsec_bench_" + strconv.Itoa(rand.IntN(1<<30))
-	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
-	// A pool of c connections, like every other row.
-	poolURL, err := withPoolSize(dbURL, c)
+	poolURL, err := withPoolSize(dbURL, (c+n-1)/n)
 	if err != nil {
 		return nil, err
 	}
-	env = append(env, "DATABASE_URL="+poolURL, "ADDR="+addr, "STRIPE_WEBHOOK_SECRET="+secret, mallocsEnv+"="+mallocFile)
-	if cpuProfile != "" {
-		// The profile starts on SIGUSR2 (see instrumentOverlay).
-		env = append(env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
-	}
-	// The example logs every delivery: to a file, so that reading it costs
-	// this process nothing, in memory where the machine has /dev/shm, so
-	// that appending to it does not add file system work on the database's
-	// disk, which production hands to a log pipeline.
-	logFile, err := os.CreateTemp(logDir(o.tmp), "txhook-bench-receiver-log-")
-	if err != nil {
-		return nil, err
-	}
-	closeLog := func() {
-		logFile.Close()
-		os.Remove(logFile.Name())
-	}
-	proc, err := childproc.Start(ctx, childproc.Spec{
-		Name:   name + " receiver",
-		Bin:    bin,
-		Env:    childproc.Env(env...),
-		Addr:   addr,
-		Output: logFile,
-	})
-	if err != nil {
-		b, _ := os.ReadFile(logFile.Name())
-		closeLog()
-		return nil, fmt.Errorf("%w\n%s", err, b[max(0, len(b)-4096):])
-	}
+	env = append(env, "DATABASE_URL="+poolURL, "STRIPE_WEBHOOK_SECRET="+secret)
+	var (
+		procs     []*childproc.Process
+		mallocs   []string
+		endpoints []string
+		stops     []func()
+	)
 	stop := func() {
-		proc.Stop(10 * time.Second)
-		closeLog()
+		for _, s := range stops {
+			s()
+		}
+	}
+	for i := range n {
+		pname := name + " receiver"
+		if n > 1 {
+			pname = fmt.Sprintf("%s receiver %d/%d", name, i+1, n)
+		}
+		profile := ""
+		if i == 0 {
+			profile = cpuProfile
+		}
+		proc, mallocFile, stopProc, err := startProcess(ctx, o, pname, bin, env, profile)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		procs, mallocs, stops = append(procs, proc.p), append(mallocs, mallocFile), append(stops, stopProc)
+		endpoints = append(endpoints, "http://"+proc.addr+"/webhooks/stripe")
 	}
 	client := &http.Client{
 		Timeout:   30 * time.Second,
-		Transport: &http.Transport{MaxIdleConns: c, MaxIdleConnsPerHost: c, DisableCompression: true},
+		Transport: &http.Transport{MaxIdleConns: n * c, MaxIdleConnsPerHost: c, DisableCompression: true},
 	}
 	signer := &handler.Stripe{Secrets: []string{secret}}
-	endpoint := "http://" + addr + "/webhooks/stripe"
+	var turn atomic.Uint64
 	post := func(ctx context.Context, body []byte) error {
+		endpoint := endpoints[(turn.Add(1)-1)%uint64(n)]
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 		if err != nil {
 			return err
@@ -404,8 +414,72 @@ func startReceiver(ctx context.Context, o options, dbURL string, c int, name, bi
 		}
 		return nil
 	}
-	recv := &receiver{pid: proc.Pid(), mallocs: func() (uint64, error) { return readMallocs(proc, mallocFile) }}
+	recv := &receiver{mallocs: func() (uint64, error) {
+		var sum uint64
+		for i, p := range procs {
+			m, err := readMallocs(p, mallocs[i])
+			if err != nil {
+				return 0, err
+			}
+			sum += m
+		}
+		return sum, nil
+	}}
+	for _, p := range procs {
+		recv.pids = append(recv.pids, p.Pid())
+	}
 	return &httpTarget{recv: recv, post: post, stop: stop}, nil
+}
+
+// startedProcess is a receiver process and its address.
+type startedProcess struct {
+	p    *childproc.Process
+	addr string
+}
+
+// startProcess starts one receiver process of bin with env on a free port
+// and returns it, the file it reports its allocations to, and a function
+// that stops it. With cpuProfile set it profiles itself on SIGUSR2 (see
+// instrumentOverlay).
+func startProcess(ctx context.Context, o options, name, bin string, env []string, cpuProfile string) (startedProcess, string, func(), error) {
+	addr, err := localaddr.Free()
+	if err != nil {
+		return startedProcess{}, "", nil, err
+	}
+	mallocFile := filepath.Join(o.tmp, "mallocs-"+strconv.Itoa(rand.IntN(1<<30)))
+	env = append(slices.Clone(env), "ADDR="+addr, mallocsEnv+"="+mallocFile)
+	if cpuProfile != "" {
+		env = append(env, profileEnv+"="+cpuProfile, profileSecondsEnv+"="+strconv.Itoa(int(profileDuration.Seconds())))
+	}
+	// The example logs every delivery: to a file, so that reading it costs
+	// this process nothing, in memory where the machine has /dev/shm, so
+	// that appending to it does not add file system work on the database's
+	// disk, which production hands to a log pipeline.
+	logFile, err := os.CreateTemp(logDir(o.tmp), "txhook-bench-receiver-log-")
+	if err != nil {
+		return startedProcess{}, "", nil, err
+	}
+	closeLog := func() {
+		logFile.Close()
+		os.Remove(logFile.Name())
+	}
+	proc, err := childproc.Start(ctx, childproc.Spec{
+		Name:   name,
+		Bin:    bin,
+		Env:    childproc.Env(env...),
+		Addr:   addr,
+		Output: logFile,
+	})
+	if err != nil {
+		b, _ := os.ReadFile(logFile.Name())
+		closeLog()
+		return startedProcess{}, "", nil, fmt.Errorf("%w\n%s", err, b[max(0, len(b)-4096):])
+	}
+	stop := func() {
+		proc.Stop(10 * time.Second)
+		closeLog()
+	}
+	return startedProcess{p: proc, addr: addr}, mallocFile, stop, nil
 }
 
 // withPoolSize returns dbURL with pgxpool's pool_max_conns and

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +34,13 @@ type config struct {
 
 	Events    int // events to send
 	Senders   int // concurrent senders
-	Kills     int // SIGKILLs of the example during the run
+	Kills     int // SIGKILLs of the example during the run, over all receivers
 	Customers int // customers the checkouts are spread over (hot rows)
+	// Receivers is how many processes of the example run on the database,
+	// each on its own port; the provider sends every delivery attempt to
+	// the next one in turn, and each kill hits one drawn at random. 0 means
+	// one.
+	Receivers int
 
 	DupRate           float64 // share of events redelivered a little later
 	ConcurrentDupRate float64 // share of events delivered 2-3 times at once
@@ -44,8 +51,8 @@ type config struct {
 	CrashRate float64
 	// CrashPoints are the points armed on those restarts.
 	CrashPoints []txhook.CrashPoint
-	// CrashLimit bounds the restarts with a crash point armed; 0 means no
-	// bound.
+	// CrashLimit bounds the restarts with a crash point armed, per
+	// receiver; 0 means no bound.
 	CrashLimit int
 	// Fulfillment turns lease mode on: a local fulfillment service and
 	// FULFILLMENT_URL pointing at it.
@@ -76,9 +83,11 @@ var allCrashPoints = []txhook.CrashPoint{
 // result is what a run did and found.
 type result struct {
 	Events             int
+	Receivers          int
 	Deliveries         int64 // HTTP requests sent, retries included
 	DuplicatesInjected int   // deliveries planned beyond the first of each event
 	Kills              int   // SIGKILLs sent
+	KillsPerReceiver   []int // SIGKILLs sent to each receiver
 	CrashExits         int   // exits at an armed crash point
 	OtherExits         int   // exits neither killed nor at a crash point
 	Restarts           int   // starts of the example after the first
@@ -98,13 +107,18 @@ func (r result) ok() bool { return r.Lost == 0 && r.Duplicated == 0 && r.Unacked
 
 // summary is the run's one-line report.
 func (r result) summary() string {
-	return fmt.Sprintf("chaos: events=%d deliveries=%d duplicates_injected=%d kills=%d crash_exits=%d restarts=%d db_restarts=%d fulfillment_calls=%d fulfillment_repeats=%d unacked=%d lost=%d duplicated=%d elapsed=%s",
-		r.Events, r.Deliveries, r.DuplicatesInjected, r.Kills, r.CrashExits, r.Restarts, r.DBRestarts,
+	perReceiver := make([]string, len(r.KillsPerReceiver))
+	for i, k := range r.KillsPerReceiver {
+		perReceiver[i] = strconv.Itoa(k)
+	}
+	return fmt.Sprintf("chaos: receivers=%d events=%d deliveries=%d duplicates_injected=%d kills=%d kills_per_receiver=%s crash_exits=%d restarts=%d db_restarts=%d fulfillment_calls=%d fulfillment_repeats=%d unacked=%d lost=%d duplicated=%d elapsed=%s",
+		r.Receivers, r.Events, r.Deliveries, r.DuplicatesInjected, r.Kills, strings.Join(perReceiver, "/"), r.CrashExits, r.Restarts, r.DBRestarts,
 		r.FulfillmentCalls, r.FulfillmentRepeats, r.Unacked, r.Lost, r.Duplicated, r.Elapsed.Round(100*time.Millisecond))
 }
 
-// run builds the example, starts it, sends the plan while killing and
-// restarting the example, then checks the database against what was sent.
+// run builds the example, starts cfg.Receivers processes of it on the
+// database, sends the plan to them in turn while killing and restarting
+// them, then checks the database against what was sent.
 func run(ctx context.Context, cfg config) (result, error) {
 	start := time.Now()
 	logf := cfg.Log
@@ -140,12 +154,9 @@ func run(ctx context.Context, cfg config) (result, error) {
 	secret := "whsec_chaos_" + tag
 	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x63686173))
 	p := makePlan(cfg, tag, rng)
-	res := result{Events: len(p.events), DuplicatesInjected: p.duplicates}
+	receivers := max(cfg.Receivers, 1)
+	res := result{Events: len(p.events), Receivers: receivers, DuplicatesInjected: p.duplicates}
 
-	addr, err := localaddr.Free()
-	if err != nil {
-		return res, err
-	}
 	env := []string{"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "STRIPE_WEBHOOK_SECRET=" + secret}
 	var fs *fulfillmentService
 	if cfg.Fulfillment {
@@ -159,25 +170,44 @@ func run(ctx context.Context, cfg config) (result, error) {
 		defer srv.Close()
 		env = append(env, "FULFILLMENT_URL=http://"+ln.Addr().String()+"/shipments")
 	}
-	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 
-	// The supervisor owns the example's process: it starts it, kills it when
-	// asked, and restarts it whenever it is gone.
-	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)), cfg: cfg,
-		killReq: make(chan struct{}), up: make(chan struct{})}
-	supCtx, stopSup := context.WithCancel(ctx)
-	supDone := make(chan error, 1)
-	go func() { supDone <- sup.loop(supCtx, logf) }()
-	select {
-	case <-sup.up:
-	case err := <-supDone:
-		stopSup()
-		return res, fmt.Errorf("start example: %w", err)
+	// A supervisor per receiver owns its process: it starts it, kills it
+	// when asked, and restarts it whenever it is gone.
+	sups := make([]*supervisor, receivers)
+	urls := make([]string, receivers)
+	for i := range sups {
+		addr, err := localaddr.Free()
+		if err != nil {
+			return res, err
+		}
+		l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
+		sups[i] = &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed+uint64(i), 0x73757076)), cfg: cfg,
+			killReq: make(chan struct{}), up: make(chan struct{})}
+		if receivers > 1 {
+			sups[i].name = fmt.Sprintf("receiver %d/%d: ", i+1, receivers)
+		}
+		urls[i] = "http://" + addr + "/webhooks/stripe"
 	}
-	logf("receiver listening on %s; sending %d events (%d duplicate deliveries) with %d senders, %d kills",
-		addr, len(p.events), p.duplicates, cfg.Senders, cfg.Kills)
+	supCtx, stopSup := context.WithCancel(ctx)
+	supDone := make(chan error, receivers)
+	for _, sup := range sups {
+		go func() { supDone <- sup.loop(supCtx, logf) }()
+	}
+	for _, sup := range sups {
+		select {
+		case <-sup.up:
+		case err := <-supDone:
+			stopSup()
+			for range receivers - 1 {
+				<-supDone
+			}
+			return res, fmt.Errorf("start example: %w", err)
+		}
+	}
+	logf("%d receiver(s) listening on %s; sending %d events (%d duplicate deliveries) with %d senders, %d kills",
+		receivers, strings.Join(urls, " "), len(p.events), p.duplicates, cfg.Senders, cfg.Kills)
 
-	prov := newProvider("http://"+addr+"/webhooks/stripe", secret, cfg.Senders*3)
+	prov := newProvider(urls, secret, cfg.Senders*3)
 	progress := &prov.acked
 	sendCtx, stopSend := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -205,13 +235,19 @@ func run(ctx context.Context, cfg config) (result, error) {
 	}()
 
 	// Kills at random points of the run's progress, so that they land
-	// during traffic however fast the machine is; one database restart
-	// halfway.
+	// during traffic however fast the machine is, each on a receiver drawn
+	// at random; one database restart halfway.
 	chaosDone := make(chan struct{})
 	var dbRestarts atomic.Int32
 	go func() {
 		defer close(chaosDone)
 		n := int64(len(p.events))
+		victims := make([]int, cfg.Kills)
+		if len(sups) > 1 {
+			for i := range victims {
+				victims[i] = rng.IntN(len(sups))
+			}
+		}
 		marks := make([]int64, cfg.Kills)
 		for i := range marks {
 			marks[i] = n/50 + rng.Int64N(max(1, n*9/10))
@@ -234,7 +270,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 			}
 			time.Sleep(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
 			select {
-			case sup.killReq <- struct{}{}:
+			case sups[victims[i]].killReq <- struct{}{}:
 			case <-sendCtx.Done():
 				return
 			}
@@ -248,10 +284,26 @@ func run(ctx context.Context, cfg config) (result, error) {
 	stopSend()
 	<-chaosDone
 	stopSup()
-	if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		return res, fmt.Errorf("supervise example: %w", err)
+	var supErr error
+	for range receivers {
+		if err := <-supDone; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			supErr = errors.Join(supErr, err)
+		}
 	}
-	res.Kills, res.CrashExits, res.OtherExits, res.Restarts = sup.kills, sup.crashExits, sup.otherExits, sup.starts-1
+	if supErr != nil {
+		return res, fmt.Errorf("supervise example: %w", supErr)
+	}
+	var otherLogs []string
+	for i, sup := range sups {
+		res.Kills += sup.kills
+		res.KillsPerReceiver = append(res.KillsPerReceiver, sup.kills)
+		res.CrashExits += sup.crashExits
+		res.OtherExits += sup.otherExits
+		res.Restarts += sup.starts - 1
+		if sup.otherExits > 0 {
+			otherLogs = append(otherLogs, fmt.Sprintf("receiver %d of %d exited on its own %d times; last log lines:\n%s", i+1, receivers, sup.otherExits, sup.l.log.Tail(20)))
+		}
+	}
 	res.DBRestarts = int(dbRestarts.Load())
 	res.Deliveries = prov.attempts.Load()
 	res.Rejected = prov.rejected.Load()
@@ -271,9 +323,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	if err := verify(vctx, cfg.DatabaseURL, tag, p.events, shipped, !cfg.Naive, &res); err != nil {
 		return res, err
 	}
-	if res.OtherExits > 0 {
-		res.Problems = append(res.Problems, fmt.Sprintf("the example exited on its own %d times; last log lines:\n%s", res.OtherExits, l.log.Tail(20)))
-	}
+	res.Problems = append(res.Problems, otherLogs...)
 	if res.Rejected > 0 {
 		res.Problems = append(res.Problems, fmt.Sprintf("%d deliveries were rejected with 4xx", res.Rejected))
 	}
@@ -289,6 +339,8 @@ type supervisor struct {
 	cfg     config
 	killReq chan struct{}
 	up      chan struct{} // closed once the first start succeeded
+	// name prefixes its log lines when the run has several receivers.
+	name string
 
 	starts, kills, crashExits, otherExits, armed int
 }
@@ -305,7 +357,7 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			(s.cfg.CrashLimit == 0 || s.armed < s.cfg.CrashLimit) {
 			point = string(s.cfg.CrashPoints[s.rng.IntN(len(s.cfg.CrashPoints))])
 			s.armed++
-			logf("restart %d with %s=%s", s.starts, txhook.CrashPointEnv, point)
+			logf("%srestart %d with %s=%s", s.name, s.starts, txhook.CrashPointEnv, point)
 		}
 		p, err := s.l.start(ctx, point)
 		if err != nil {
@@ -332,7 +384,7 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 				s.crashExits++
 			} else {
 				s.otherExits++
-				logf("example exited on its own (%v)", p.Err())
+				logf("%sexample exited on its own (%v)", s.name, p.Err())
 			}
 		case <-ctx.Done():
 			p.Kill()

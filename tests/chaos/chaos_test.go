@@ -60,6 +60,49 @@ func TestChaosShort(t *testing.T) {
 	}
 }
 
+// TestChaosShortReceivers is a short chaos run against three processes of
+// the example on one database, sent deliveries round robin: duplicates,
+// retries and concurrent copies of an event meet in different processes,
+// and the kills land on receivers drawn at random. Lease mode is off (a
+// kill during a lease stalls its event for 30s; TestChaosShort covers it),
+// and so is the PostgreSQL restart. Every event must be applied exactly
+// once.
+func TestChaosShortReceivers(t *testing.T) {
+	db := testdb.New(t)
+	cfg := defaultConfig()
+	cfg.DatabaseURL = db.URL
+	cfg.Receivers = 3
+	cfg.Events = 500
+	cfg.Senders = 6
+	cfg.Kills = 9
+	cfg.Customers = 10
+	cfg.Fulfillment, cfg.LeaseRate = false, 0
+	cfg.CrashPoints = []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit}
+	cfg.Timeout = 3 * time.Minute
+	cfg.Seed = uint64(time.Now().UnixNano())
+	cfg.Log = t.Logf
+	res, err := run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.summary())
+	for _, p := range res.Problems {
+		t.Log("problem:", p)
+	}
+	if !res.ok() {
+		t.Fatalf("seed %d: lost=%d duplicated=%d unacked=%d", cfg.Seed, res.Lost, res.Duplicated, res.Unacked)
+	}
+	if res.Kills != cfg.Kills || len(res.KillsPerReceiver) != cfg.Receivers {
+		t.Errorf("kills = %d over %v, want %d over %d receivers", res.Kills, res.KillsPerReceiver, cfg.Kills, cfg.Receivers)
+	}
+	if res.Restarts < res.Kills {
+		t.Errorf("restarts = %d, fewer than the %d kills", res.Restarts, res.Kills)
+	}
+	if res.DuplicatesInjected == 0 || res.Deliveries <= int64(res.Events) {
+		t.Errorf("deliveries = %d with %d duplicates injected for %d events: no duplicates were sent", res.Deliveries, res.DuplicatesInjected, res.Events)
+	}
+}
+
 // TestVerifyFindsLossAndDuplicates shows that the final check can fail: on
 // a database where one acknowledged checkout has no key and no order and
 // another was applied to its customer's total twice, it reports both.

@@ -12,6 +12,14 @@
 // TXHOOK_CRASH_POINT armed, and PostgreSQL is restarted in immediate mode
 // once when the run owns it.
 //
+// With -receivers N (default 1) it runs N processes of the example on the
+// same database, each on its own port, and stands in for Stripe behind a
+// round-robin load balancer: each delivery attempt goes to the next process
+// in turn, a retry never to the one that failed the attempt before it, so
+// duplicates, retries and concurrent copies of an event meet in different
+// processes. Each kill (and so each restart, armed or not) hits a process
+// drawn at random; the summary line gives the kills per receiver.
+//
 // At the end it checks the database against what was sent (orders, customer
 // totals, invoices, shipments and fulfillment calls per idempotency key,
 // every acknowledged event's key committed) and prints one summary line. It
@@ -58,7 +66,8 @@ func main() {
 	cfg := defaultConfig()
 	flag.IntVar(&cfg.Events, "events", cfg.Events, "events to send")
 	flag.IntVar(&cfg.Senders, "senders", cfg.Senders, "concurrent senders")
-	flag.IntVar(&cfg.Kills, "kills", cfg.Kills, "SIGKILLs of the example during the run")
+	flag.IntVar(&cfg.Kills, "kills", cfg.Kills, "SIGKILLs of the example during the run (over all receivers)")
+	flag.IntVar(&cfg.Receivers, "receivers", 1, "processes of the example on the database, sent deliveries round robin (Stripe scenario only)")
 	flag.Float64Var(&cfg.DupRate, "dup-rate", cfg.DupRate, "share of events redelivered later")
 	flag.Float64Var(&cfg.ConcurrentDupRate, "concurrent-dup-rate", cfg.ConcurrentDupRate, "share of events delivered 2-3 times at once")
 	flag.Float64Var(&cfg.CrashRate, "crash-rate", cfg.CrashRate, "share of restarts with a TXHOOK_CRASH_POINT armed")
@@ -76,6 +85,10 @@ func main() {
 		cfg.Log = func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
+	}
+	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode)) {
+		fmt.Fprintln(os.Stderr, "chaos: -receivers must be at least 1, and above 1 only in the Stripe scenario")
+		os.Exit(2)
 	}
 	scenario := runMain
 	if *github {

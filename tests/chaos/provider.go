@@ -17,8 +17,13 @@ import (
 // provider acts as Stripe: it signs every attempt with a fresh timestamp and
 // retries each delivery with backoff until it gets a 2xx. A timeout, a
 // dropped connection and any non-2xx answer are failures.
+//
+// With several receiver URLs it stands in for Stripe behind a round-robin
+// load balancer: each attempt goes to the next URL in turn, and a retry
+// never to the receiver that failed the attempt before it.
 type provider struct {
-	url    string
+	urls   []string
+	turn   atomic.Uint64 // attempts handed out so far, for the round robin
 	signer *handler.Stripe
 	client *http.Client
 
@@ -28,9 +33,9 @@ type provider struct {
 	acked    atomic.Int64 // events acknowledged at least once
 }
 
-func newProvider(url, secret string, conns int) *provider {
+func newProvider(urls []string, secret string, conns int) *provider {
 	return &provider{
-		url:    url,
+		urls:   urls,
 		signer: &handler.Stripe{Secrets: []string{secret}},
 		client: &http.Client{
 			Timeout: 5 * time.Second,
@@ -53,8 +58,10 @@ const (
 // reports whether it was acknowledged.
 func (p *provider) deliver(ctx context.Context, e *event) bool {
 	wait := minBackoff
+	last := -1 // the receiver of the previous attempt
 	for ctx.Err() == nil {
-		status, outcome, retryAfter := p.attempt(ctx, e)
+		last = p.next(last)
+		status, outcome, retryAfter := p.attempt(ctx, p.urls[last], e)
 		if status >= 200 && status < 300 {
 			if outcome == "processed" {
 				e.processed.Add(1)
@@ -83,11 +90,22 @@ func (p *provider) deliver(ctx context.Context, e *event) bool {
 	return false
 }
 
+// next returns the index of the receiver for the next attempt: the next one
+// in turn, skipping last (the previous attempt's) when there are others.
+func (p *provider) next(last int) int {
+	n := uint64(len(p.urls))
+	i := int((p.turn.Add(1) - 1) % n)
+	if i == last && n > 1 {
+		i = (i + 1) % int(n)
+	}
+	return i
+}
+
 // attempt makes one HTTP request and returns the status (0 when no answer
 // came), the answer's "status" field and its Retry-After.
-func (p *provider) attempt(ctx context.Context, e *event) (int, string, time.Duration) {
+func (p *provider) attempt(ctx context.Context, url string, e *event) (int, string, time.Duration) {
 	p.attempts.Add(1)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(e.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(e.body))
 	if err != nil {
 		return 0, "", 0
 	}
