@@ -431,14 +431,7 @@ func TestCrashPoints(t *testing.T) {
 			if err != nil || res.Outcome != txhook.OutcomeQueued {
 				t.Fatalf("Accept = %v, %v", res.Outcome, err)
 			}
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, txhook.CrashPointEnv+"="+string(p))
-			out, err := cmd.CombinedOutput()
-			if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-				t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
-			}
+			s.crashWorker(t, p)
 			s.start(t)
 			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
 			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
@@ -449,7 +442,120 @@ func TestCrashPoints(t *testing.T) {
 	}
 }
 
-// runChild is the crashing worker: it runs the inbox until the armed crash
+// TestLeaseCrashPoints is TestCrashPoints for a lease route: a worker
+// process exits at the inbox's fetch and at each of lease mode's crash
+// points, then a worker in this process takes the event over once the dead
+// worker's lease has ended. The event is applied exactly once, and every
+// external call, one more after each takeover of work already done, carries
+// the event's idempotency key under a claim of its own.
+func TestLeaseCrashPoints(t *testing.T) {
+	t.Parallel()
+	points := []struct {
+		point txhook.CrashPoint
+		calls int // external calls at least: the dead worker's and the takeover's
+	}{
+		{txhook.CrashInboxAfterFetch, 1},
+		{txhook.CrashLeaseAfterClaim, 1},
+		{txhook.CrashLeaseAfterExternal, 2},
+		{txhook.CrashLeaseBeforeCommit, 2},
+		{txhook.CrashLeaseAfterCommit, 1},
+	}
+	for _, tc := range points {
+		t.Run(string(tc.point), func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t, nil)
+			if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
+				t.Fatal(err)
+			}
+			s.ib.Lease("github", "push", notify(s.db.Pool))
+			res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, true)
+			if err != nil || res.Outcome != txhook.OutcomeQueued {
+				t.Fatalf("Accept = %v, %v", res.Outcome, err)
+			}
+			s.crashWorker(t, tc.point)
+			s.start(t)
+			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+			if n := s.applied(t, "d-1"); n != 1 {
+				t.Fatalf("applied %d times after a crash at %s, want 1", n, tc.point)
+			}
+			rows, err := s.db.Pool.Query(t.Context(),
+				`SELECT idempotency_key, token FROM external_calls WHERE event_key = $1 ORDER BY token`, "d-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			type call struct {
+				key   string
+				token int
+			}
+			calls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (call, error) {
+				var c call
+				err := r.Scan(&c.key, &c.token)
+				return c, err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(calls) < tc.calls {
+				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, tc.calls, tc.point)
+			}
+			want := txhook.IdempotencyKey("github", "d-1", "notify")
+			for i, c := range calls {
+				if c.key != want {
+					t.Errorf("external call %d: idempotency key %q, want the event's %q", i, c.key, want)
+				}
+				if i > 0 && c.token == calls[i-1].token {
+					t.Errorf("external calls %d and %d under the same fencing token %d", i-1, i, c.token)
+				}
+			}
+		})
+	}
+}
+
+// crashLease is the lease of notify's claims: short, so that a takeover
+// after a dead worker waits little.
+const crashLease = time.Second
+
+// externalCallsTable records notify's external calls. Tests that run notify
+// create it in their database.
+const externalCallsTable = `CREATE TABLE external_calls (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	event_key text NOT NULL,
+	idempotency_key text NOT NULL,
+	token integer NOT NULL)`
+
+// notify is the tests' lease-mode handler. Phase one makes the external
+// call: a row in external_calls, committed on its own, with the claim's
+// idempotency key and fencing token. Phase two is apply.
+func notify(pool *pgxpool.Pool) txhook.LeaseHandler {
+	return txhook.LeaseHandler{
+		Lease: crashLease,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+			if _, err := pool.Exec(ctx, `INSERT INTO external_calls (event_key, idempotency_key, token) VALUES ($1, $2, $3)`,
+				ev.Key, c.IdempotencyKey("notify"), c.Token); err != nil {
+				return nil, fmt.Errorf("external call: %w", err)
+			}
+			return func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, ev) }, nil
+		},
+	}
+}
+
+// crashWorker runs a worker process (runChild) on s's database, armed to
+// exit at p, and fails t unless it exits so.
+func (s setup) crashWorker(t *testing.T, p txhook.CrashPoint) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, txhook.CrashPointEnv+"="+string(p))
+	out, err := cmd.CombinedOutput()
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
+		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
+	}
+}
+
+// runChild is the crashing worker: it runs the inbox, with apply on the
+// transactional route and notify on the lease route, until the armed crash
 // point ends the process, or gives up after 30s.
 func runChild(url string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -470,6 +576,7 @@ func runChild(url string) int {
 		return 1
 	}
 	ib.Tx("github", "push", apply)
+	ib.Lease("github", "push", notify(pool))
 	if err := ib.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
