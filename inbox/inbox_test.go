@@ -94,7 +94,13 @@ type setup struct {
 
 func newSetup(t *testing.T, cfg *inbox.Config) setup {
 	t.Helper()
-	d := testdb.New(t, template)
+	return newSetupOn(t, testdb.New(t, template), cfg)
+}
+
+// newSetupOn is newSetup on d, a database with both schemas and the
+// applied table.
+func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
+	t.Helper()
 	proc, err := txhook.NewProcessor(d.Pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -624,8 +630,45 @@ func TestStopDrainsRunningJob(t *testing.T) {
 	}
 }
 
+// TestMigrateOnFreshDatabase: on an empty database, the two documented
+// calls (txhook's migrations, then inbox.Migrate) give a schema on which an
+// event is accepted and applied. The template runs them too, but only when
+// it is built, not on every run.
+func TestMigrateOnFreshDatabase(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t, testdb.Template{
+		Name:    "empty",
+		Migrate: func(context.Context, string) error { return nil },
+	})
+	var tables int
+	if err := d.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`).Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("fresh database has %d tables (%v), want none", tables, err)
+	}
+	if err := migrations.Up(t.Context(), d.URL); err != nil {
+		t.Fatalf("txhook's migrations on a fresh database: %v", err)
+	}
+	if err := inbox.Migrate(t.Context(), d.Pool); err != nil {
+		t.Fatalf("Migrate on a fresh database: %v", err)
+	}
+	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	s := newSetupOn(t, d, nil)
+	s.ib.Tx("github", "push", apply)
+	if res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+	s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Fatalf("applied %d times, want 1", n)
+	}
+}
+
 // TestMigrateOnDatabaseRunningRiver: River's migrations apply on a database
-// that already has them (the template ran them on a fresh one).
+// that already has them.
 func TestMigrateOnDatabaseRunningRiver(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
