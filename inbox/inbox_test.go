@@ -31,8 +31,11 @@ import (
 )
 
 // childEnv holds the database URL when the test binary runs as a crashing
-// worker (see TestCrashPoints).
-const childEnv = "TXHOOK_INBOX_CHILD_DB"
+// worker (see crashEachPoint), and childQueueEnv the River queue it works.
+const (
+	childEnv      = "TXHOOK_INBOX_CHILD_DB"
+	childQueueEnv = "TXHOOK_INBOX_CHILD_QUEUE"
+)
 
 func TestMain(m *testing.M) {
 	if u := os.Getenv(childEnv); u != "" {
@@ -419,8 +422,8 @@ func TestLeaseRoute(t *testing.T) {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// TestCrashPoints accepts an event, runs a worker process armed to exit at
-// each of the inbox's crash points, then runs a worker in this process:
+// TestCrashPoints accepts one event per crash point of the inbox, runs a
+// worker process armed to exit at each, then runs a worker in this process:
 // every event is applied exactly once.
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
@@ -428,20 +431,13 @@ func TestCrashPoints(t *testing.T) {
 		txhook.CrashInboxAfterFetch, txhook.CrashInboxAfterHandler,
 		txhook.CrashInboxBeforeCommit, txhook.CrashInboxAfterCommit,
 	}
+	s := crashEachPoint(t, points, false, func(s setup) { s.ib.Tx("github", "push", apply) })
 	for _, p := range points {
 		t.Run(string(p), func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t, nil)
-			s.ib.Tx("github", "push", apply)
-			res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false)
-			if err != nil || res.Outcome != txhook.OutcomeQueued {
-				t.Fatalf("Accept = %v, %v", res.Outcome, err)
-			}
-			s.crashWorker(t, p)
-			s.start(t)
-			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+			key := crashKey(p)
+			rec := s.waitStatus(t, key, txhook.StatusDone)
 			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
-			if n := s.applied(t, "d-1"); n != 1 {
+			if n := s.applied(t, key); n != 1 {
 				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
 		})
@@ -451,42 +447,36 @@ func TestCrashPoints(t *testing.T) {
 // TestLeaseCrashPoints is TestCrashPoints for a lease route: a worker
 // process exits at the inbox's fetch and at each of lease mode's crash
 // points, then a worker in this process takes the event over once the dead
-// worker's lease has ended. The event is applied exactly once, and every
+// worker's lease has ended. Every event is applied exactly once, and every
 // external call, one more after each takeover of work already done, carries
 // the event's idempotency key under a claim of its own.
 func TestLeaseCrashPoints(t *testing.T) {
 	t.Parallel()
-	points := []struct {
-		point txhook.CrashPoint
-		calls int // external calls at least: the dead worker's and the takeover's
-	}{
-		{txhook.CrashInboxAfterFetch, 1},
-		{txhook.CrashLeaseAfterClaim, 1},
-		{txhook.CrashLeaseAfterExternal, 2},
-		{txhook.CrashLeaseBeforeCommit, 2},
-		{txhook.CrashLeaseAfterCommit, 1},
+	points := []txhook.CrashPoint{
+		txhook.CrashInboxAfterFetch, txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal,
+		txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
 	}
-	for _, tc := range points {
-		t.Run(string(tc.point), func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t, nil)
-			if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
-				t.Fatal(err)
-			}
-			s.ib.Lease("github", "push", notify(s.db.Pool))
-			res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, true)
-			if err != nil || res.Outcome != txhook.OutcomeQueued {
-				t.Fatalf("Accept = %v, %v", res.Outcome, err)
-			}
-			s.crashWorker(t, tc.point)
-			s.start(t)
-			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+	// External calls at least: the dead worker's and the takeover's.
+	minCalls := map[txhook.CrashPoint]int{
+		txhook.CrashInboxAfterFetch: 1, txhook.CrashLeaseAfterClaim: 1, txhook.CrashLeaseAfterExternal: 2,
+		txhook.CrashLeaseBeforeCommit: 2, txhook.CrashLeaseAfterCommit: 1,
+	}
+	s := crashEachPoint(t, points, true, func(s setup) {
+		if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
+			t.Fatal(err)
+		}
+		s.ib.Lease("github", "push", notify(s.db.Pool))
+	})
+	for _, p := range points {
+		t.Run(string(p), func(t *testing.T) {
+			key := crashKey(p)
+			rec := s.waitStatus(t, key, txhook.StatusDone)
 			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
-			if n := s.applied(t, "d-1"); n != 1 {
-				t.Fatalf("applied %d times after a crash at %s, want 1", n, tc.point)
+			if n := s.applied(t, key); n != 1 {
+				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
 			rows, err := s.db.Pool.Query(t.Context(),
-				`SELECT idempotency_key, token FROM external_calls WHERE event_key = $1 ORDER BY token`, "d-1")
+				`SELECT idempotency_key, token FROM external_calls WHERE event_key = $1 ORDER BY token`, key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -502,10 +492,10 @@ func TestLeaseCrashPoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(calls) < tc.calls {
-				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, tc.calls, tc.point)
+			if len(calls) < minCalls[p] {
+				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, minCalls[p], p)
 			}
-			want := txhook.IdempotencyKey("github", "d-1", "notify")
+			want := txhook.IdempotencyKey("github", key, "notify")
 			for i, c := range calls {
 				if c.key != want {
 					t.Errorf("external call %d: idempotency key %q, want the event's %q", i, c.key, want)
@@ -516,6 +506,48 @@ func TestLeaseCrashPoints(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crashKey is the key of the event crashEachPoint sends to crash point p;
+// crashQueue is the River queue of its job.
+func crashKey(p txhook.CrashPoint) string   { return "d-" + string(p) }
+func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
+
+// crashEachPoint sets up a database for the crash tests and calls prepare
+// (which registers the route's handler on s.ib). For each point in turn it
+// accepts an event (crashKey; a lease route's when lease is set) into a
+// River queue of the point's own and runs a worker process on that queue
+// alone, armed to exit at the point, so that each process takes its own
+// event and no other. Then it starts s's worker, which runs every queue,
+// and returns s: the caller waits for the events and checks them. River
+// rescues the dead workers' jobs once this process leads (after the last
+// dead leader's term has run out) and they are older than
+// RescueStuckJobsAfter: the events are then applied together, in about the
+// time one of them takes.
+func crashEachPoint(t *testing.T, points []txhook.CrashPoint, lease bool, prepare func(s setup)) setup {
+	t.Helper()
+	rc := riverConfig()
+	rc.Queues = make(map[string]river.QueueConfig, len(points))
+	for _, p := range points {
+		rc.Queues[crashQueue(p)] = river.QueueConfig{MaxWorkers: 2}
+	}
+	s := newSetup(t, &inbox.Config{River: rc})
+	prepare(s)
+	for _, p := range points {
+		// An inbox that is never started, to insert the job into the
+		// point's queue.
+		acc, err := inbox.New(s.db.Pool, s.proc, &inbox.Config{Queue: crashQueue(p), River: riverConfig()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := acc.Accept(t.Context(), txhook.Event{Source: "github", Key: crashKey(p), Type: "push"}, lease)
+		if err != nil || res.Outcome != txhook.OutcomeQueued {
+			t.Fatalf("Accept = %v, %v", res.Outcome, err)
+		}
+		s.crashWorker(t, p)
+	}
+	s.start(t)
+	return s
 }
 
 // crashLease is the lease of notify's claims: short, so that a takeover
@@ -546,23 +578,24 @@ func notify(pool *pgxpool.Pool) txhook.LeaseHandler {
 	}
 }
 
-// crashWorker runs a worker process (runChild) on s's database, armed to
-// exit at p, and fails t unless it exits so.
+// crashWorker runs a worker process (runChild) on s's database and the
+// queue crashQueue(p), armed to exit at p, and fails t unless it exits so.
 func (s setup) crashWorker(t *testing.T, p txhook.CrashPoint) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, txhook.CrashPointEnv+"="+string(p))
+	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhook.CrashPointEnv+"="+string(p))
 	out, err := cmd.CombinedOutput()
 	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
 		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
 	}
 }
 
-// runChild is the crashing worker: it runs the inbox, with apply on the
-// transactional route and notify on the lease route, until the armed crash
-// point ends the process, or gives up after 30s.
+// runChild is the crashing worker: it runs the inbox on the queue named by
+// childQueueEnv, with apply on the transactional route and notify on the
+// lease route, until the armed crash point ends the process, or gives up
+// after 30s.
 func runChild(url string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -576,7 +609,7 @@ func runChild(url string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ib, err := inbox.New(pool, proc, &inbox.Config{River: riverConfig()})
+	ib, err := inbox.New(pool, proc, &inbox.Config{Queue: os.Getenv(childQueueEnv), River: riverConfig()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
