@@ -31,8 +31,11 @@ import (
 )
 
 // childEnv holds the database URL when the test binary runs as a crashing
-// worker (see TestCrashPoints).
-const childEnv = "TXHOOK_INBOX_CHILD_DB"
+// worker (see crashEachPoint), and childQueueEnv the River queue it works.
+const (
+	childEnv      = "TXHOOK_INBOX_CHILD_DB"
+	childQueueEnv = "TXHOOK_INBOX_CHILD_QUEUE"
+)
 
 func TestMain(m *testing.M) {
 	if u := os.Getenv(childEnv); u != "" {
@@ -94,7 +97,13 @@ type setup struct {
 
 func newSetup(t *testing.T, cfg *inbox.Config) setup {
 	t.Helper()
-	d := testdb.New(t, template)
+	return newSetupOn(t, testdb.New(t, template), cfg)
+}
+
+// newSetupOn is newSetup on d, a database with both schemas and the
+// applied table.
+func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
+	t.Helper()
 	proc, err := txhook.NewProcessor(d.Pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -413,8 +422,8 @@ func TestLeaseRoute(t *testing.T) {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// TestCrashPoints accepts an event, runs a worker process armed to exit at
-// each of the inbox's crash points, then runs a worker in this process:
+// TestCrashPoints accepts one event per crash point of the inbox, runs a
+// worker process armed to exit at each, then runs a worker in this process:
 // every event is applied exactly once.
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
@@ -422,35 +431,171 @@ func TestCrashPoints(t *testing.T) {
 		txhook.CrashInboxAfterFetch, txhook.CrashInboxAfterHandler,
 		txhook.CrashInboxBeforeCommit, txhook.CrashInboxAfterCommit,
 	}
+	s := crashEachPoint(t, points, false, func(s setup) { s.ib.Tx("github", "push", apply) })
 	for _, p := range points {
 		t.Run(string(p), func(t *testing.T) {
-			t.Parallel()
-			s := newSetup(t, nil)
-			s.ib.Tx("github", "push", apply)
-			res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false)
-			if err != nil || res.Outcome != txhook.OutcomeQueued {
-				t.Fatalf("Accept = %v, %v", res.Outcome, err)
-			}
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, txhook.CrashPointEnv+"="+string(p))
-			out, err := cmd.CombinedOutput()
-			if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-				t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
-			}
-			s.start(t)
-			rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+			key := crashKey(p)
+			rec := s.waitStatus(t, key, txhook.StatusDone)
 			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
-			if n := s.applied(t, "d-1"); n != 1 {
+			if n := s.applied(t, key); n != 1 {
 				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
 		})
 	}
 }
 
-// runChild is the crashing worker: it runs the inbox until the armed crash
-// point ends the process, or gives up after 30s.
+// TestLeaseCrashPoints is TestCrashPoints for a lease route: a worker
+// process exits at the inbox's fetch and at each of lease mode's crash
+// points, then a worker in this process takes the event over once the dead
+// worker's lease has ended. Every event is applied exactly once, and every
+// external call, one more after each takeover of work already done, carries
+// the event's idempotency key under a claim of its own.
+func TestLeaseCrashPoints(t *testing.T) {
+	t.Parallel()
+	points := []txhook.CrashPoint{
+		txhook.CrashInboxAfterFetch, txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal,
+		txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
+	}
+	// External calls at least: the dead worker's and the takeover's.
+	minCalls := map[txhook.CrashPoint]int{
+		txhook.CrashInboxAfterFetch: 1, txhook.CrashLeaseAfterClaim: 1, txhook.CrashLeaseAfterExternal: 2,
+		txhook.CrashLeaseBeforeCommit: 2, txhook.CrashLeaseAfterCommit: 1,
+	}
+	s := crashEachPoint(t, points, true, func(s setup) {
+		if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
+			t.Fatal(err)
+		}
+		s.ib.Lease("github", "push", notify(s.db.Pool))
+	})
+	for _, p := range points {
+		t.Run(string(p), func(t *testing.T) {
+			key := crashKey(p)
+			rec := s.waitStatus(t, key, txhook.StatusDone)
+			s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+			if n := s.applied(t, key); n != 1 {
+				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
+			}
+			rows, err := s.db.Pool.Query(t.Context(),
+				`SELECT idempotency_key, token FROM external_calls WHERE event_key = $1 ORDER BY token`, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type call struct {
+				key   string
+				token int
+			}
+			calls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (call, error) {
+				var c call
+				err := r.Scan(&c.key, &c.token)
+				return c, err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(calls) < minCalls[p] {
+				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, minCalls[p], p)
+			}
+			want := txhook.IdempotencyKey("github", key, "notify")
+			for i, c := range calls {
+				if c.key != want {
+					t.Errorf("external call %d: idempotency key %q, want the event's %q", i, c.key, want)
+				}
+				if i > 0 && c.token == calls[i-1].token {
+					t.Errorf("external calls %d and %d under the same fencing token %d", i-1, i, c.token)
+				}
+			}
+		})
+	}
+}
+
+// crashKey is the key of the event crashEachPoint sends to crash point p;
+// crashQueue is the River queue of its job.
+func crashKey(p txhook.CrashPoint) string   { return "d-" + string(p) }
+func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
+
+// crashEachPoint sets up a database for the crash tests and calls prepare
+// (which registers the route's handler on s.ib). For each point in turn it
+// accepts an event (crashKey; a lease route's when lease is set) into a
+// River queue of the point's own and runs a worker process on that queue
+// alone, armed to exit at the point, so that each process takes its own
+// event and no other. Then it starts s's worker, which runs every queue,
+// and returns s: the caller waits for the events and checks them. River
+// rescues the dead workers' jobs once this process leads (after the last
+// dead leader's term has run out) and they are older than
+// RescueStuckJobsAfter: the events are then applied together, in about the
+// time one of them takes.
+func crashEachPoint(t *testing.T, points []txhook.CrashPoint, lease bool, prepare func(s setup)) setup {
+	t.Helper()
+	rc := riverConfig()
+	rc.Queues = make(map[string]river.QueueConfig, len(points))
+	for _, p := range points {
+		rc.Queues[crashQueue(p)] = river.QueueConfig{MaxWorkers: 2}
+	}
+	s := newSetup(t, &inbox.Config{River: rc})
+	prepare(s)
+	for _, p := range points {
+		// An inbox that is never started, to insert the job into the
+		// point's queue.
+		acc, err := inbox.New(s.db.Pool, s.proc, &inbox.Config{Queue: crashQueue(p), River: riverConfig()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := acc.Accept(t.Context(), txhook.Event{Source: "github", Key: crashKey(p), Type: "push"}, lease)
+		if err != nil || res.Outcome != txhook.OutcomeQueued {
+			t.Fatalf("Accept = %v, %v", res.Outcome, err)
+		}
+		s.crashWorker(t, p)
+	}
+	s.start(t)
+	return s
+}
+
+// crashLease is the lease of notify's claims: short, so that a takeover
+// after a dead worker waits little.
+const crashLease = time.Second
+
+// externalCallsTable records notify's external calls. Tests that run notify
+// create it in their database.
+const externalCallsTable = `CREATE TABLE external_calls (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	event_key text NOT NULL,
+	idempotency_key text NOT NULL,
+	token integer NOT NULL)`
+
+// notify is the tests' lease-mode handler. Phase one makes the external
+// call: a row in external_calls, committed on its own, with the claim's
+// idempotency key and fencing token. Phase two is apply.
+func notify(pool *pgxpool.Pool) txhook.LeaseHandler {
+	return txhook.LeaseHandler{
+		Lease: crashLease,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+			if _, err := pool.Exec(ctx, `INSERT INTO external_calls (event_key, idempotency_key, token) VALUES ($1, $2, $3)`,
+				ev.Key, c.IdempotencyKey("notify"), c.Token); err != nil {
+				return nil, fmt.Errorf("external call: %w", err)
+			}
+			return func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, ev) }, nil
+		},
+	}
+}
+
+// crashWorker runs a worker process (runChild) on s's database and the
+// queue crashQueue(p), armed to exit at p, and fails t unless it exits so.
+func (s setup) crashWorker(t *testing.T, p txhook.CrashPoint) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhook.CrashPointEnv+"="+string(p))
+	out, err := cmd.CombinedOutput()
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
+		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
+	}
+}
+
+// runChild is the crashing worker: it runs the inbox on the queue named by
+// childQueueEnv, with apply on the transactional route and notify on the
+// lease route, until the armed crash point ends the process, or gives up
+// after 30s.
 func runChild(url string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -464,12 +609,13 @@ func runChild(url string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ib, err := inbox.New(pool, proc, &inbox.Config{River: riverConfig()})
+	ib, err := inbox.New(pool, proc, &inbox.Config{Queue: os.Getenv(childQueueEnv), River: riverConfig()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ib.Tx("github", "push", apply)
+	ib.Lease("github", "push", notify(pool))
 	if err := ib.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -517,8 +663,45 @@ func TestStopDrainsRunningJob(t *testing.T) {
 	}
 }
 
+// TestMigrateOnFreshDatabase: on an empty database, the two documented
+// calls (txhook's migrations, then inbox.Migrate) give a schema on which an
+// event is accepted and applied. The template runs them too, but only when
+// it is built, not on every run.
+func TestMigrateOnFreshDatabase(t *testing.T) {
+	t.Parallel()
+	d := testdb.New(t, testdb.Template{
+		Name:    "empty",
+		Migrate: func(context.Context, string) error { return nil },
+	})
+	var tables int
+	if err := d.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`).Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("fresh database has %d tables (%v), want none", tables, err)
+	}
+	if err := migrations.Up(t.Context(), d.URL); err != nil {
+		t.Fatalf("txhook's migrations on a fresh database: %v", err)
+	}
+	if err := inbox.Migrate(t.Context(), d.Pool); err != nil {
+		t.Fatalf("Migrate on a fresh database: %v", err)
+	}
+	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	s := newSetupOn(t, d, nil)
+	s.ib.Tx("github", "push", apply)
+	if res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	s.start(t)
+	rec := s.waitStatus(t, "d-1", txhook.StatusDone)
+	s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+	if n := s.applied(t, "d-1"); n != 1 {
+		t.Fatalf("applied %d times, want 1", n)
+	}
+}
+
 // TestMigrateOnDatabaseRunningRiver: River's migrations apply on a database
-// that already has them (the template ran them on a fresh one).
+// that already has them.
 func TestMigrateOnDatabaseRunningRiver(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
