@@ -57,7 +57,11 @@ func main() {
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
+	pgSettings := flag.String("pg-settings", "", "with -scale and no DATABASE_URL: comma-separated server settings (name=value) for the kept cluster, e.g. wal_compression=lz4")
 	flag.Parse()
+	if *pgSettings != "" {
+		o.scaleSettings = strings.Split(*pgSettings, ",")
+	}
 	if o.scale {
 		for s := range strings.SplitSeq(*rowsFlag, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
@@ -105,12 +109,13 @@ type options struct {
 	inbox, onlyInbox bool
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
-	scale     bool
-	scaleRows []int64
-	scaleDir  string
-	dbURL     string
-	tmp       string // the run's temporary folder
-	tag       string // prefix of the run's event keys
+	scale         bool
+	scaleRows     []int64
+	scaleDir      string
+	scaleSettings []string
+	dbURL         string
+	tmp           string // the run's temporary folder
+	tag           string // prefix of the run's event keys
 	// serverURL is the throwaway cluster's maintenance database, where the
 	// micro-benchmarks create their databases; empty with DATABASE_URL.
 	serverURL string

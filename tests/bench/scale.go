@@ -34,7 +34,8 @@ import (
 // with its neighbours would land on the same few index pages and hide what
 // a large table costs.
 //
-// Each round measures every size one after the other (after a CHECKPOINT,
+// The tables' indexes are read into the operating system's cache first (the
+// hot part of the table: see prewarm). Each round measures every size one after the other (after a CHECKPOINT,
 // so that each starts a checkpoint interval alike), and the largest size
 // once more with a pruner deleting the oldest rows as fast as the events
 // arrive (a table in steady state); the rows it deleted are put back after
@@ -49,10 +50,6 @@ const (
 
 // scaleSpan is the age of the oldest generated row: the default retention.
 const scaleSpan = 14 * 24 * time.Hour
-
-// scaleSettings are the server settings of the cluster make bench-scale
-// starts (PostgreSQL's defaults otherwise; see docs/operations.md).
-var scaleSettings = []string{}
 
 // scaleDB is one filled database.
 type scaleDB struct {
@@ -85,13 +82,13 @@ func runScale(ctx context.Context, o options) error {
 	var serverDesc string
 	if serverURL == "" {
 		logf("starting the kept PostgreSQL cluster in %s (created on the first run)", o.scaleDir)
-		c, err := pgcluster.StartKept(ctx, o.scaleDir, scaleSettings...)
+		c, err := pgcluster.StartKept(ctx, o.scaleDir, o.scaleSettings...)
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL (or set DATABASE_URL): %w", err)
 		}
 		defer c.Stop()
 		serverURL = c.URL
-		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote()
+		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote(o.scaleSettings)
 	} else {
 		serverDesc = "the server of DATABASE_URL, as configured there"
 	}
@@ -154,11 +151,11 @@ func runScale(ctx context.Context, o options) error {
 	return nil
 }
 
-func settingsNote() string {
-	if len(scaleSettings) == 0 {
+func settingsNote(settings []string) string {
+	if len(settings) == 0 {
 		return ""
 	}
-	return " except " + strings.Join(scaleSettings, ", ")
+	return " except " + strings.Join(settings, ", ")
 }
 
 func rowsName(n int64) string {
@@ -302,7 +299,10 @@ func openScaleDB(ctx context.Context, serverURL string, rows int64, conns int) (
 				return nil, err
 			}
 			logf("%s: migrations current after %v", name, time.Since(t0).Round(time.Millisecond))
-			return d, d.open(ctx, conns)
+			if err := d.open(ctx, conns); err != nil {
+				return nil, err
+			}
+			return d, d.prewarm(ctx)
 		}
 		logf("%s: not filled as wanted (%v); filling it again", name, err)
 		if _, err := server.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
@@ -318,7 +318,30 @@ func openScaleDB(ctx context.Context, serverURL string, rows int64, conns int) (
 	if err := fill(ctx, d); err != nil {
 		return nil, err
 	}
-	return d, d.open(ctx, conns)
+	if err := d.open(ctx, conns); err != nil {
+		return nil, err
+	}
+	return d, d.prewarm(ctx)
+}
+
+// prewarm reads the events table's indexes into the operating system's
+// cache (pg_prewarm's read mode), as a receiver's steady traffic keeps
+// them: every delivery reads and writes a random page of the primary key.
+// The heap is left cold: new rows go to its end and only the pruner reads
+// its old pages. Without the pg_prewarm extension it logs and goes on.
+func (d *scaleDB) prewarm(ctx context.Context) error {
+	t0 := time.Now()
+	if _, err := d.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_prewarm"); err != nil {
+		logf("%s: no pg_prewarm (%v): the indexes start cold", d.name, err)
+		return nil
+	}
+	var pages int64
+	if err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_prewarm(indexrelid, 'read')), 0)::bigint FROM pg_index
+		WHERE indrelid = 'txhook_processed_events'::regclass`).Scan(&pages); err != nil {
+		return fmt.Errorf("%s: prewarm indexes: %w", d.name, err)
+	}
+	logf("%s: read %d index pages into the cache in %v", d.name, pages, time.Since(t0).Round(time.Millisecond))
+	return nil
 }
 
 func migrateScaleDB(ctx context.Context, dbURL string) error {
@@ -603,11 +626,18 @@ func scaleMarkdown(o options, c int, started, finished time.Time, server string,
 		p("| %s | %.0f | %s | %s | %s | %s | %.0f | %d |", sc.name, cl.rate(), ratio, strings.Join(rates, ", "), ms(cl.P50), ms(cl.P99), wal, cl.Errors)
 	}
 	for _, sc := range cells {
-		if sc.prune && sc.pruneSecs > 0 {
-			total := float64(len(sc.samples)) * (o.warmup + o.duration).Seconds()
-			p("")
-			p("The pruner deleted %d rows in the %s cells (%.0f rows/s of the cells' time), busy %.0f%% of that time.",
-				sc.pruned, rowsName(sc.db.rows), float64(sc.pruned)/total, 100*sc.pruneSecs/total)
+		if !sc.prune {
+			continue
+		}
+		total := float64(len(sc.samples)) * (o.warmup + o.duration).Seconds()
+		p("")
+		p("The pruner deleted %d rows in the %s cells (%.0f rows/s of the cells' time), busy %.0f%% of that time.",
+			sc.pruned, rowsName(sc.db.rows), float64(sc.pruned)/total, 100*sc.pruneSecs/total)
+		for _, other := range cells {
+			if other.db == sc.db && !other.prune {
+				p("With it running, the table took %.2f× the events per second it took without it (%s).",
+					sc.cell(c).rate()/other.cell(c).rate(), other.name)
+			}
 		}
 	}
 	p("")
@@ -616,7 +646,7 @@ func scaleMarkdown(o options, c int, started, finished time.Time, server string,
 	p("| events table | rows | table bytes/event | index bytes/event | generated in |")
 	p("|---|---:|---:|---:|---:|")
 	for _, s := range sizes {
-		if s.rows == 0 {
+		if s.generatedRows == 0 || s.rows == 0 {
 			p("| %s | 0 | — | — | — |", s.name)
 			continue
 		}
