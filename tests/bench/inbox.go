@@ -102,8 +102,12 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	fast := func() *river.Config {
 		return &river.Config{Logger: quiet, FetchCooldown: time.Millisecond, FetchPollInterval: 50 * time.Millisecond}
 	}
-	// Accept only: its jobs go to a queue no client of the bench works.
-	acceptCfg := fast()
+	// Accept only: its jobs go to a queue no client of the bench works, so
+	// its client keeps River's default FetchCooldown, as an application's
+	// does: the cooldown also spaces the NOTIFY an insert sends to wake the
+	// queue's producers, and PostgreSQL commits notifying transactions one
+	// at a time.
+	acceptCfg := &river.Config{Logger: quiet}
 	acceptOnly, err := inbox.New(pool, proc, &inbox.Config{River: acceptCfg, Queue: "bench_accept_only"})
 	if err != nil {
 		return fail(err)
