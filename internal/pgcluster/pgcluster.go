@@ -28,9 +28,9 @@ type Cluster struct {
 	// Port is the TCP port on 127.0.0.1.
 	Port int
 
-	dir     string
-	binDir  string
-	runAs   string
+	dir      string
+	binDir   string
+	runAs    string
 	opts     string   // server options given to pg_ctl start
 	durable  bool     // keep PostgreSQL's default durability settings
 	kept     bool     // Stop leaves the folder (StartKept)
