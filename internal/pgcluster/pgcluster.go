@@ -1,7 +1,8 @@
 // Package pgcluster starts a throwaway PostgreSQL cluster from the server
 // binaries installed on the machine (initdb and pg_ctl), for tests and the
 // demo. It listens on 127.0.0.1 on a free port, runs without fsync (unless
-// started with StartDurable), and is removed by Stop.
+// started with StartDurable), and is removed by Stop; a cluster started with
+// StartKept (for benchmarks whose data takes long to make) keeps its folder.
 package pgcluster
 
 import (
@@ -20,7 +21,7 @@ import (
 	"github.com/txhook/txhook/internal/localaddr"
 )
 
-// Cluster is a running throwaway PostgreSQL cluster.
+// Cluster is a running PostgreSQL cluster.
 type Cluster struct {
 	// URL connects to the cluster's "postgres" database as the superuser
 	// "postgres" (trust authentication, loopback only).
