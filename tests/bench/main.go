@@ -63,6 +63,15 @@ func main() {
 		o.scaleSettings = strings.Split(*pgSettings, ",")
 	}
 	if o.scale {
+		// The scale benchmark's own defaults: the library row at
+		// concurrency 8, in longer cells.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, v := range map[string]string{"c": "8", "d": "8s", "warmup": "2s"} {
+			if !set[name] {
+				_ = flag.Set(name, v)
+			}
+		}
 		for s := range strings.SplitSeq(*rowsFlag, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 			if err != nil || n < 0 {
