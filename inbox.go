@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
@@ -35,28 +36,38 @@ const statusQueued = "queued"
 
 // EnqueueFunc inserts the job that will apply an accepted event, in tx, the
 // transaction that records the event as queued (River's InsertTx), and
-// returns the job's id, which is recorded with the event.
+// returns the job's id, which is recorded with the event. It runs before the
+// event's key is known to be new: a duplicate rolls its job back.
 type EnqueueFunc func(ctx context.Context, tx pgx.Tx, ev Event) (jobID int64, err error)
 
 // Accept records ev as queued and enqueues its job, in one new transaction
-// on the Processor's database. The row's insert travels with BEGIN; then
-// enqueue runs; the job's id is recorded with COMMIT. The payload and
-// payload hash are stored whatever Config.StorePayload says: the job reads
-// the payload from the row (its arguments name only the source and key).
+// on the Processor's database, in two round trips: enqueue's first
+// statement travels with BEGIN; the row's insert, with the job's id,
+// travels with COMMIT, so the row is written once. The payload and payload
+// hash are stored whatever Config.StorePayload says: the job reads the
+// payload from the row (its arguments name only the source and key).
 //
 // A nil error comes with one of the outcomes:
 //   - queued: the key was new; the row and the job are committed, and the
 //     sender may be acknowledged;
-//   - duplicate: the key exists, queued, in progress, done or failed;
-//     nothing was written and enqueue did not run;
+//   - duplicate: the key exists, queued, in progress, done or failed; the
+//     insert answered so with COMMIT's round trip, and nothing was
+//     committed: the job enqueue inserted rolled back with the rest;
 //   - in flight: a concurrent delivery of the same key holds it, past
-//     Config.LockTimeout; nothing was written. Never acknowledge it.
+//     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
-// With a ReplayGuard, its check runs in the same transaction after the row
-// is inserted. Any error means nothing was committed (a *CommitUnknownError:
-// the outcome cannot be known), and the sender must not be acknowledged; a
-// database that cannot be used gives an *UnavailableError. ctx bounds the
-// work up to COMMIT.
+// Since enqueue runs before the key is known new, it must write only
+// through tx (River's InsertTx does).
+//
+// With a ReplayGuard, its check runs first in the transaction; its lock is
+// held until COMMIT, with which the row is inserted, so the next delivery
+// of the same body finds the row. A concurrent delivery of the same key
+// then waits at the guard's lock (bounded by ReplayGuard.LockTimeout, past
+// which it fails with ErrReplayInFlight) before it is answered a duplicate.
+// Any error means nothing was committed (a *CommitUnknownError: the outcome
+// cannot be known), and the sender must not be acknowledged; a database
+// that cannot be used gives an *UnavailableError. ctx bounds the work up to
+// COMMIT.
 func (p *Processor) Accept(ctx context.Context, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
 	return p.accept(ctx, engine.Begin(p.db), ev, g, enqueue)
 }
@@ -76,31 +87,15 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 	if err := ev.validate(p.maxKeyLen); err != nil {
 		return Result{}, err
 	}
-	var notNew Result
 	o := p.run
 	if g != nil && !at.Nested() {
 		o.Tx.IsoLevel = pgx.ReadCommitted // the guard's lookup must see what committed while it waited
 	}
 	err := engine.Run(ctx, at, o, engine.Spec{
-		First: func(ctx context.Context, q engine.Querier) error {
-			queued, err := db.New(q).QueueEvent(ctx, db.QueueEventParams{
-				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type,
-				Payload: ev.Payload, PayloadHash: ev.PayloadHash, LockTimeout: p.lockTimeout,
-			})
-			switch {
-			case isLockTimeout(err):
-				notNew = Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}
-				return errRollback
-			case err != nil:
-				return fmt.Errorf("queue event: %w", err)
-			case !queued:
-				notNew = Result{Outcome: OutcomeDuplicate}
-				return errRollback
-			}
-			return nil
-		},
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			if g != nil {
+				// The guard's lock is held until COMMIT, which the row
+				// travels with: the next delivery of the body sees the row.
 				if err := g.check(ctx, tx, ev); err != nil {
 					return err
 				}
@@ -109,19 +104,30 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
-			return db.New(engine.Deferred(tx)).SetEventJob(ctx, db.SetEventJobParams{
-				JobID: pgtype.Int8{Int64: id, Valid: true}, Source: ev.Source, EventKey: ev.Key,
+			return db.New(engine.Deferred(tx)).QueueEventWithJob(ctx, db.QueueEventWithJobParams{
+				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type, Payload: ev.Payload,
+				PayloadHash: ev.PayloadHash, JobID: id, LockTimeout: p.lockTimeout,
 			})
 		},
 	})
-	switch {
-	case err == nil:
+	if err == nil {
 		return Result{Outcome: OutcomeQueued}, nil
-	case errors.Is(err, errRollback):
-		return notNew, nil
+	}
+	if de, ok := errors.AsType[*engine.DeferredError](err); ok {
+		// The row's insert, sent with COMMIT, answered: nothing committed.
+		switch pgErr, _ := errors.AsType[*pgconn.PgError](de); {
+		case pgErr != nil && pgErr.Code == sqlstateKeyExists:
+			return Result{Outcome: OutcomeDuplicate}, nil
+		case isLockTimeout(de):
+			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
+		}
 	}
 	return Result{}, apiError(err)
 }
+
+// sqlstateKeyExists is the SQLSTATE with which txhook_queue_event_with_job
+// answers a key that is already recorded.
+const sqlstateKeyExists = "P0T01"
 
 // QueuedJob is the queue job that applies one accepted event.
 type QueuedJob struct {

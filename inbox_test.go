@@ -3,6 +3,7 @@ package txhook_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,6 +71,114 @@ func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 0 {
 		t.Fatalf("%d jobs after the apply completed its job, want 0", n)
 	}
+}
+
+// enqueueJobQuery is enqueueJob through Query, as River's InsertTx sends its
+// insert: a multi-row query, which the engine's first batch must carry too.
+func enqueueJobQuery(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
+	rows, err := tx.Query(ctx, `INSERT INTO jobs (key) VALUES ($1) RETURNING id`, ev.Key)
+	if err != nil {
+		return 0, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+}
+
+// TestAcceptTwoRoundTrips checks the accept's statements: the job's insert
+// travels with BEGIN and the row's insert, with the job's id, with COMMIT. A
+// duplicate is answered by that insert: its job rolls back with it.
+func TestAcceptTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.jobsTable(t)
+	p, tr := tracedProcessor(t, b, nil)
+	// The first call on a connection also prepares the statements.
+	if res, err := p.Accept(t.Context(), event("a-warm"), nil, enqueueJobQuery); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("warm-up Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	tr.Take()
+	insertJob := "insert into jobs (key) values ($1) returning id"
+	for _, c := range []struct {
+		name string
+		want txhook.Outcome
+		sent [][]string
+	}{
+		{"new", txhook.OutcomeQueued, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}}},
+		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}, {"rollback"}}},
+	} {
+		res, err := p.Accept(t.Context(), event("a-1"), nil, enqueueJobQuery)
+		if err != nil || res.Outcome != c.want {
+			t.Fatalf("%s: Accept = %v, %v; want %v", c.name, res.Outcome, err, c.want)
+		}
+		if got := tr.Take(); !slices.EqualFunc(got, c.sent, slices.Equal) {
+			t.Errorf("%s: round trips %q, want %q", c.name, got, c.sent)
+		}
+	}
+	if n := b.count(t, `SELECT count(*) FROM jobs WHERE key = 'a-1'`); n != 1 {
+		t.Errorf("%d jobs for the key after a duplicate, want 1", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM txhook_processed_events e JOIN jobs j ON j.id = e.job_id WHERE e.event_key = 'a-1'`); n != 1 {
+		t.Errorf("%d rows for the key with its job's id, want 1", n)
+	}
+}
+
+// TestAcceptWithReplayGuard: the guard's check runs before the row's insert,
+// which travels with COMMIT while the guard's lock is still held: a body
+// accepted under one key is a replay under another, also when the two
+// deliveries overlap, and nothing of the replay is written.
+func TestAcceptWithReplayGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.jobsTable(t)
+	p := b.processor(t, nil)
+	g := &txhook.ReplayGuard{LockTimeout: 100 * time.Millisecond}
+	withHash := func(key, hash string) txhook.Event {
+		ev := event(key)
+		ev.PayloadHash = []byte(hash)
+		return ev
+	}
+	accept := func(ev txhook.Event) (txhook.Result, error) {
+		return p.Accept(t.Context(), ev, g, enqueueJobQuery)
+	}
+	if res, err := accept(withHash("k-1", "h-1")); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	if res, err := accept(withHash("k-1", "h-1")); err != nil || res.Outcome != txhook.OutcomeDuplicate {
+		t.Fatalf("redelivery: Accept = %v, %v; want duplicate", res.Outcome, err)
+	}
+	if _, err := accept(withHash("k-2", "h-1")); !isReplayOf(err, "k-1") {
+		t.Fatalf("same body, new key: Accept error = %v, want a replay of k-1", err)
+	}
+
+	// Overlapping: the first delivery's transaction holds the guard's lock,
+	// its row inserted, while the second checks.
+	tx, err := b.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if res, err := p.AcceptTx(t.Context(), tx, withHash("k-3", "h-3"), g, enqueueJobQuery); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("AcceptTx = %v, %v; want queued", res.Outcome, err)
+	}
+	if _, err := accept(withHash("k-4", "h-3")); !errors.Is(err, txhook.ErrReplayInFlight) {
+		t.Fatalf("while the first holds the lock: Accept error = %v, want ErrReplayInFlight", err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := accept(withHash("k-4", "h-3")); !isReplayOf(err, "k-3") {
+		t.Fatalf("after the first committed: Accept error = %v, want a replay of k-3", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 2 {
+		t.Errorf("%d jobs, want 2 (k-1 and k-3)", n)
+	}
+	if n := b.keys(t); n != 2 {
+		t.Errorf("%d event rows, want 2 (k-1 and k-3)", n)
+	}
+}
+
+func isReplayOf(err error, key string) bool {
+	re, ok := errors.AsType[*txhook.ReplayError](err)
+	return ok && re.Key == key
 }
 
 func TestAcceptRollsBackWhenEnqueueFails(t *testing.T) {

@@ -3,11 +3,14 @@ package txhook_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/internal/pgtrace"
@@ -263,5 +266,110 @@ func TestLeaseDoneMarkSharesRoundTripWithBegin(t *testing.T) {
 	}
 	if n := b.effects(t, "evt_lease_rt"); n != 1 {
 		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// TestQueryFirstTravelsWithBegin: a multi-row Query as a transaction's first
+// statement travels with BEGIN (or SAVEPOINT) and what was deferred before
+// it, its rows read from that batch; a failed query or deferred statement
+// rolls back and leaves the connection idle.
+func TestQueryFirstTravelsWithBegin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
+	ctx := t.Context()
+	const two = "select g from generate_series(1, 2) g"
+	sum := func(ctx context.Context, tx pgx.Tx, sql string) (int, error) {
+		rows, err := tx.Query(ctx, sql)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for rows.Next() {
+			var v int
+			if err := rows.Scan(&v); err != nil {
+				return 0, err
+			}
+			n += v
+		}
+		return n, rows.Err()
+	}
+	// Warm up: the first use of a statement on a connection prepares it.
+	if err := txhook.RunTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := sum(ctx, tx, two)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tr.Take()
+
+	err := txhook.RunTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		if n, err := sum(ctx, tx, two); err != nil || n != 3 {
+			return fmt.Errorf("sum = %d, %v; want 3", n, err)
+		}
+		return insertEffect(ctx, tx, event("q-1"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTrips(t, tr, "Query first", [][]string{{"begin", two}, {insertEffectSQL}, {"commit"}})
+
+	err = txhook.RunTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := txhook.Deferred(tx).Exec(ctx, insertEffectSQL, "q-2"); err != nil {
+			return err
+		}
+		_, err := sum(ctx, tx, two)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTrips(t, tr, "deferred, then Query first", [][]string{{"begin", insertEffectSQL, two}, {"commit"}})
+
+	err = txhook.RunTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		for _, sql := range []string{insertEffectSQL, "select 1 / 0"} {
+			args := []any{"q-3"}[:strings.Count(sql, "$")]
+			if _, err := txhook.Deferred(tx).Exec(ctx, sql, args...); err != nil {
+				return err
+			}
+		}
+		_, _ = sum(ctx, tx, two)
+		return nil // a failed deferred statement fails the run whatever the body returns
+	})
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "22012" {
+		t.Fatalf("a deferred statement failing before the query: %v, want its division by zero", err)
+	}
+	wantTrips(t, tr, "failed deferred statement", [][]string{{"begin", insertEffectSQL, "select 1 / 0", two}, {"rollback"}})
+
+	if err := txhook.RunTx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := sum(ctx, tx, "select 1 / (g - 2) from generate_series(1, 2) g")
+		return err
+	}); err == nil {
+		t.Fatal("a failing query committed")
+	}
+	tr.Take()
+	if n := b.count(t, `SELECT count(*) FROM effects`); n != 2 {
+		t.Errorf("%d effects, want 2 (q-1 and q-2; q-3 rolled back)", n)
+	}
+
+	// Under a savepoint of the caller's transaction.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	tr.Take()
+	if err := txhook.RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := sum(ctx, tx, two)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantTrips(t, tr, "Query first under a savepoint", [][]string{{"savepoint txhook", two}, {"release savepoint txhook"}})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d connections still acquired", n)
 	}
 }

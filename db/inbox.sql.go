@@ -128,39 +128,41 @@ func (q *Queries) MarkQueuedFailed(ctx context.Context, arg MarkQueuedFailedPara
 	return result.RowsAffected(), nil
 }
 
-const queueEvent = `-- name: QueueEvent :one
-SELECT txhook_queue_event(
+const queueEventWithJob = `-- name: QueueEventWithJob :exec
+SELECT txhook_queue_event_with_job(
     $1::text,
     $2::text,
     $3::text,
     $4::bytea,
     $5::bytea,
-    $6::text
-)::boolean AS queued
+    $6::bigint,
+    $7::text
+)
 `
 
-type QueueEventParams struct {
+type QueueEventWithJobParams struct {
 	Source      string
 	EventKey    string
 	EventType   string
 	Payload     []byte
 	PayloadHash []byte
+	JobID       int64
 	LockTimeout string
 }
 
-// Inbox mode's accept step; see txhook_queue_event in migrations.
-func (q *Queries) QueueEvent(ctx context.Context, arg QueueEventParams) (bool, error) {
-	row := q.db.QueryRow(ctx, queueEvent,
+// Inbox mode's accept step, sent with COMMIT; see txhook_queue_event_with_job in migrations. It
+// answers a key that exists with SQLSTATE P0T01, and a lock wait past the bound with 55P03.
+func (q *Queries) QueueEventWithJob(ctx context.Context, arg QueueEventWithJobParams) error {
+	_, err := q.db.Exec(ctx, queueEventWithJob,
 		arg.Source,
 		arg.EventKey,
 		arg.EventType,
 		arg.Payload,
 		arg.PayloadHash,
+		arg.JobID,
 		arg.LockTimeout,
 	)
-	var queued bool
-	err := row.Scan(&queued)
-	return queued, err
+	return err
 }
 
 const queueStats = `-- name: QueueStats :one
@@ -203,21 +205,4 @@ func (q *Queries) RecordQueuedError(ctx context.Context, arg RecordQueuedErrorPa
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const setEventJob = `-- name: SetEventJob :exec
-UPDATE txhook_processed_events SET job_id = $1
-WHERE source = $2 AND event_key = $3
-`
-
-type SetEventJobParams struct {
-	JobID    pgtype.Int8
-	Source   string
-	EventKey string
-}
-
-// Records the id of the job that applies a queued event.
-func (q *Queries) SetEventJob(ctx context.Context, arg SetEventJobParams) error {
-	_, err := q.db.Exec(ctx, setEventJob, arg.JobID, arg.Source, arg.EventKey)
-	return err
 }

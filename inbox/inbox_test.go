@@ -295,6 +295,57 @@ func TestDuplicateWhileQueuedAndAfterDone(t *testing.T) {
 	}
 }
 
+// TestConcurrentAcceptsOneJob accepts one key from many goroutines at once:
+// one is queued, each other is a duplicate or in flight (its River job
+// rolled back with its transaction), and one job and one row remain, the row
+// naming the job.
+func TestConcurrentAcceptsOneJob(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	ev := txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}
+	const n = 8
+	var (
+		wg       sync.WaitGroup
+		outcomes [n]txhook.Outcome
+		errs     [n]error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := s.ib.Accept(t.Context(), ev, false)
+			outcomes[i], errs[i] = res.Outcome, err
+		})
+	}
+	close(start)
+	wg.Wait()
+	queued := 0
+	for i := range n {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("accept %d: %v", i, errs[i])
+		case outcomes[i] == txhook.OutcomeQueued:
+			queued++
+		case outcomes[i] != txhook.OutcomeDuplicate && outcomes[i] != txhook.OutcomeInFlight:
+			t.Errorf("accept %d: outcome %v, want queued, duplicate or in flight", i, outcomes[i])
+		}
+	}
+	if queued != 1 {
+		t.Errorf("%d accepts queued, want 1", queued)
+	}
+	if got := s.jobs(t); got != 1 {
+		t.Errorf("%d River jobs, want 1", got)
+	}
+	var rows int
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM txhook_processed_events e
+		JOIN river_job j ON j.id = e.job_id WHERE e.event_key = $1`, ev.Key).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Errorf("%d rows naming a River job, want 1", rows)
+	}
+}
+
 func TestErrorThenSuccess(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)

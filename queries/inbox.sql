@@ -1,18 +1,15 @@
--- name: QueueEvent :one
--- Inbox mode's accept step; see txhook_queue_event in migrations.
-SELECT txhook_queue_event(
+-- name: QueueEventWithJob :exec
+-- Inbox mode's accept step, sent with COMMIT; see txhook_queue_event_with_job in migrations. It
+-- answers a key that exists with SQLSTATE P0T01, and a lock wait past the bound with 55P03.
+SELECT txhook_queue_event_with_job(
     sqlc.arg(source)::text,
     sqlc.arg(event_key)::text,
     sqlc.arg(event_type)::text,
     sqlc.narg(payload)::bytea,
     sqlc.narg(payload_hash)::bytea,
+    sqlc.arg(job_id)::bigint,
     sqlc.arg(lock_timeout)::text
-)::boolean AS queued;
-
--- name: SetEventJob :exec
--- Records the id of the job that applies a queued event.
-UPDATE txhook_processed_events SET job_id = @job_id
-WHERE source = @source AND event_key = @event_key;
+);
 
 -- name: LockQueuedEvent :one
 -- Locks an event for its job, waiting for a concurrent apply of the same event to end, and

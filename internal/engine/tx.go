@@ -223,7 +223,6 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 // batch ran on it.
 func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
 	bounded := first != nil && len(extra) > 0 && t.bound != ""
-	_, fromPool := t.db.(*pgxpool.Pool)
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
 		switch t.kind {
@@ -249,19 +248,8 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 			_, err = br.Exec() // BEGIN or SAVEPOINT
 		}
 		if err != nil {
-			if br != nil {
-				br.Close()
-			}
-			closed := t.connClosed()
-			if t.pooled != nil {
-				// The transaction never began: its connection goes back
-				// (or, closed, out of the pool) now.
-				t.releaseConn()
-				t.under = nil
-			}
-			if try == 0 && (pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err))) {
-				// The session had ended before the batch: nothing of it
-				// ran. Once more, on another connection.
+			closed, again := t.notBegun(br, err, try == 0)
+			if again {
 				continue
 			}
 			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
@@ -272,6 +260,114 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 		t.readFirst(br, bounded, first, extra)
 		return nil
 	}
+}
+
+// notBegun cleans up after a first batch whose BEGIN or SAVEPOINT failed
+// with err: it closes br (when there is one) and hands a pooled connection
+// back. It reports whether the connection was found closed, and whether
+// the batch may be sent once more, on another connection: on the first
+// try, when the session had ended before the batch and nothing of it ran.
+func (t *Tx) notBegun(br pgx.BatchResults, err error, firstTry bool) (closed, again bool) {
+	if br != nil {
+		br.Close()
+	}
+	closed = t.connClosed()
+	_, fromPool := t.db.(*pgxpool.Pool)
+	if t.pooled != nil {
+		// The transaction never began: its connection goes back (or,
+		// closed, out of the pool) now.
+		t.releaseConn()
+		t.under = nil
+	}
+	again = firstTry && (pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err)))
+	return closed, again
+}
+
+// queryFirst sends the first batch with a multi-row query at its end:
+// BEGIN or SAVEPOINT, the deferred statements, then the query, in one round
+// trip. The query's rows are read from the batch, which ends when they are
+// closed (or read to the end). It records what stops the run, as begin
+// does.
+func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, error) {
+	t.open = true
+	stmts := t.queue
+	t.queue = nil
+	for try := 0; ; try++ {
+		b := &pgx.Batch{}
+		switch t.kind {
+		case onConn:
+			b.BeginTx(t.opts)
+		case inSavepoint:
+			b.Queue(savepointSQL)
+		}
+		for _, s := range stmts {
+			b.Queue(s.sql, s.args...)
+		}
+		b.Queue(sql, args...)
+		br, err := t.sendBatch(ctx, b)
+		if err == nil && t.kind != onTx {
+			_, err = br.Exec() // BEGIN or SAVEPOINT
+		}
+		if err != nil {
+			closed, again := t.notBegun(br, err, try == 0)
+			if again {
+				continue
+			}
+			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+				for _, s := range stmts {
+					if s.sql == pe.SQL() {
+						t.deferErr = &DeferredError{Err: err}
+						return nil, t.deferErr
+					}
+				}
+			}
+			t.beginErr = &beginError{err: err}
+			return nil, t.beginErr
+		}
+		if failed := readAll(br, stmts); failed >= 0 {
+			br.Close()
+			t.deferErr = &DeferredError{Err: stmts[failed].err}
+			return nil, t.deferErr
+		}
+		rows, _ := br.Query() // its error is the rows' Err
+		return &batchRows{Rows: rows, br: br}, nil
+	}
+}
+
+// batchRows are the rows of a query at the end of a batch: the batch ends
+// when they are closed or read to the end.
+type batchRows struct {
+	pgx.Rows
+	br     pgx.BatchResults
+	closed bool
+	err    error // the batch's end
+}
+
+// Next implements pgx.Rows.
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+// Close implements pgx.Rows: it closes the rows and ends the batch.
+func (r *batchRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.br.Close()
+}
+
+// Err implements pgx.Rows: the rows' error, or the batch's.
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
 }
 
 // refused is sendFirst's answer when pgx refused the batch before sending
@@ -662,9 +758,14 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// Query implements pgx.Tx. Rows cannot outlive a batch, so a query is sent
-// after what is pending.
+// Query implements pgx.Tx. As the transaction's first statement (with no
+// first step to send), it travels with BEGIN or SAVEPOINT and the deferred
+// statements, and its rows are read from that batch. Otherwise rows cannot
+// outlive a batch, so a query is sent after what is pending.
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if !t.open && t.first == nil && t.err() == nil {
+		return t.queryFirst(ctx, sql, args)
+	}
 	if err := t.flush(ctx); err != nil {
 		return nil, err
 	}
