@@ -57,9 +57,9 @@ func main() {
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
-	pgSettings := flag.String("pg-settings", "", "with -scale and no DATABASE_URL: comma-separated server settings (name=value) for the kept cluster, e.g. wal_compression=lz4")
+	pgSettings := flag.String("pg-settings", strings.Join(scaleSettings(), ","), "with -scale and no DATABASE_URL: comma-separated server settings (name=value) for the kept cluster; none for PostgreSQL's defaults")
 	flag.Parse()
-	if *pgSettings != "" {
+	if *pgSettings != "" && *pgSettings != "none" {
 		o.scaleSettings = strings.Split(*pgSettings, ",")
 	}
 	if o.scale {

@@ -34,8 +34,9 @@ import (
 // with its neighbours would land on the same few index pages and hide what
 // a large table costs.
 //
-// The tables' indexes are read into the operating system's cache first (the
-// hot part of the table: see prewarm). Each round measures every size one after the other (after a CHECKPOINT,
+// The kept cluster runs with the settings docs/operations.md names for a
+// large events table (scaleSettings), and the tables' indexes are read into
+// memory first (the hot part of the table: see prewarm). Each round measures every size one after the other (after a CHECKPOINT,
 // so that each starts a checkpoint interval alike), and the largest size
 // once more with a pruner deleting the oldest rows as fast as the events
 // arrive (a table in steady state); the rows it deleted are put back after
@@ -50,6 +51,24 @@ const (
 
 // scaleSpan is the age of the oldest generated row: the default retention.
 const scaleSpan = 14 * 24 * time.Hour
+
+// scaleSettings are the server settings make bench-scale starts its
+// cluster with unless told otherwise: the ones docs/operations.md names for
+// a large events table. Shared buffers of a quarter of the machine's memory
+// (PostgreSQL's usual advice) hold the primary key; lz4 compresses the
+// full-page images that random inserts into it write after each
+// checkpoint; a larger max_wal_size keeps checkpoints from coming every
+// few seconds under load.
+func scaleSettings() []string {
+	buffers := 128
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err == nil {
+			buffers = max(buffers, kb/1024/4)
+		}
+	}
+	return []string{fmt.Sprintf("shared_buffers=%dMB", buffers), "wal_compression=lz4", "max_wal_size=8GB"}
+}
 
 // scaleDB is one filled database.
 type scaleDB struct {
@@ -88,7 +107,8 @@ func runScale(ctx context.Context, o options) error {
 		}
 		defer c.Stop()
 		serverURL = c.URL
-		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote(o.scaleSettings)
+		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote(o.scaleSettings) +
+			" (the settings docs/operations.md names for a large events table; -pg-settings none for the defaults)"
 	} else {
 		serverDesc = "the server of DATABASE_URL, as configured there"
 	}
@@ -324,9 +344,10 @@ func openScaleDB(ctx context.Context, serverURL string, rows int64, conns int) (
 	return d, d.prewarm(ctx)
 }
 
-// prewarm reads the events table's indexes into the operating system's
-// cache (pg_prewarm's read mode), as a receiver's steady traffic keeps
-// them: every delivery reads and writes a random page of the primary key.
+// prewarm reads the events table's indexes into shared buffers (and so the
+// operating system's cache: pg_prewarm's buffer mode), as a receiver's
+// steady traffic keeps them: every delivery reads and writes a random page
+// of the primary key.
 // The heap is left cold: new rows go to its end and only the pruner reads
 // its old pages. Without the pg_prewarm extension it logs and goes on.
 func (d *scaleDB) prewarm(ctx context.Context) error {
@@ -336,7 +357,7 @@ func (d *scaleDB) prewarm(ctx context.Context) error {
 		return nil
 	}
 	var pages int64
-	if err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_prewarm(indexrelid, 'read')), 0)::bigint FROM pg_index
+	if err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_prewarm(indexrelid, 'buffer')), 0)::bigint FROM pg_index
 		WHERE indrelid = 'txhook_processed_events'::regclass`).Scan(&pages); err != nil {
 		return fmt.Errorf("%s: prewarm indexes: %w", d.name, err)
 	}
