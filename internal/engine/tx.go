@@ -218,19 +218,10 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 
 // sendFirst sends the first batch (see begin), with first's statement when
 // there is a first step. It returns the failure to begin, and leaves each
-// statement's result in it. A pooled connection that the server had ended
-// before the batch was retried once on another connection: nothing of the
-// batch ran on it.
+// statement's result in it.
 func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
 	bounded := first != nil && len(extra) > 0 && t.bound != ""
-	for try := 0; ; try++ {
-		b := &pgx.Batch{}
-		switch t.kind {
-		case onConn:
-			b.BeginTx(t.opts)
-		case inSavepoint:
-			b.Queue(savepointSQL)
-		}
+	br, closed, err := t.beginBatch(ctx, func(b *pgx.Batch) {
 		if bounded {
 			b.Queue(boundSQL, t.bound)
 		}
@@ -243,44 +234,57 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 		if bounded {
 			b.Queue(unboundSQL)
 		}
-		br, err := t.sendBatch(ctx, b)
+	})
+	if err != nil {
+		if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+			return refused(pe, first, extra, nDeferred, err)
+		}
+		return &beginError{err: err}
+	}
+	t.readFirst(br, bounded, first, extra)
+	return nil
+}
+
+// beginBatch sends a first batch: BEGIN or SAVEPOINT, as the transaction's
+// kind needs, and then what queue adds, in one round trip, and reads the
+// BEGIN's or SAVEPOINT's result; the rest of br is the caller's to read.
+// When the batch fails to begin, a pooled connection goes back (or, closed,
+// out of the pool), and a session the server had ended before the batch is
+// replaced once: nothing of the batch ran on it, so it is sent again on
+// another connection. Otherwise the error is returned, with whether the
+// connection was found closed.
+func (t *Tx) beginBatch(ctx context.Context, queue func(b *pgx.Batch)) (br pgx.BatchResults, closed bool, err error) {
+	_, fromPool := t.db.(*pgxpool.Pool)
+	for try := 0; ; try++ {
+		b := &pgx.Batch{}
+		switch t.kind {
+		case onConn:
+			b.BeginTx(t.opts)
+		case inSavepoint:
+			b.Queue(savepointSQL)
+		}
+		queue(b)
+		br, err = t.sendBatch(ctx, b)
 		if err == nil && t.kind != onTx {
 			_, err = br.Exec() // BEGIN or SAVEPOINT
 		}
-		if err != nil {
-			closed, again := t.notBegun(br, err, try == 0)
-			if again {
-				continue
-			}
-			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
-				return refused(pe, first, extra, nDeferred, err)
-			}
-			return &beginError{err: err}
+		if err == nil {
+			return br, false, nil
 		}
-		t.readFirst(br, bounded, first, extra)
-		return nil
+		if br != nil {
+			br.Close()
+		}
+		closed = t.connClosed()
+		if t.pooled != nil {
+			// The transaction never began: its connection goes back now.
+			t.releaseConn()
+			t.under = nil
+		}
+		if try == 0 && (pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err))) {
+			continue
+		}
+		return nil, closed, err
 	}
-}
-
-// notBegun cleans up after a first batch whose BEGIN or SAVEPOINT failed
-// with err: it closes br (when there is one) and hands a pooled connection
-// back. It reports whether the connection was found closed, and whether
-// the batch may be sent once more, on another connection: on the first
-// try, when the session had ended before the batch and nothing of it ran.
-func (t *Tx) notBegun(br pgx.BatchResults, err error, firstTry bool) (closed, again bool) {
-	if br != nil {
-		br.Close()
-	}
-	closed = t.connClosed()
-	_, fromPool := t.db.(*pgxpool.Pool)
-	if t.pooled != nil {
-		// The transaction never began: its connection goes back (or,
-		// closed, out of the pool) now.
-		t.releaseConn()
-		t.under = nil
-	}
-	again = firstTry && (pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err)))
-	return closed, again
 }
 
 // queryFirst sends the first batch with a multi-row query at its end:
@@ -292,46 +296,31 @@ func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, 
 	t.open = true
 	stmts := t.queue
 	t.queue = nil
-	for try := 0; ; try++ {
-		b := &pgx.Batch{}
-		switch t.kind {
-		case onConn:
-			b.BeginTx(t.opts)
-		case inSavepoint:
-			b.Queue(savepointSQL)
-		}
+	br, closed, err := t.beginBatch(ctx, func(b *pgx.Batch) {
 		for _, s := range stmts {
 			b.Queue(s.sql, s.args...)
 		}
 		b.Queue(sql, args...)
-		br, err := t.sendBatch(ctx, b)
-		if err == nil && t.kind != onTx {
-			_, err = br.Exec() // BEGIN or SAVEPOINT
-		}
-		if err != nil {
-			closed, again := t.notBegun(br, err, try == 0)
-			if again {
-				continue
-			}
-			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
-				for _, s := range stmts {
-					if s.sql == pe.SQL() {
-						t.deferErr = &DeferredError{Err: err}
-						return nil, t.deferErr
-					}
+	})
+	if err != nil {
+		if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+			for _, s := range stmts {
+				if s.sql == pe.SQL() {
+					t.deferErr = &DeferredError{Err: err}
+					return nil, t.deferErr
 				}
 			}
-			t.beginErr = &beginError{err: err}
-			return nil, t.beginErr
 		}
-		if failed := readAll(br, stmts); failed >= 0 {
-			br.Close()
-			t.deferErr = &DeferredError{Err: stmts[failed].err}
-			return nil, t.deferErr
-		}
-		rows, _ := br.Query() // its error is the rows' Err
-		return &batchRows{Rows: rows, br: br}, nil
+		t.beginErr = &beginError{err: err}
+		return nil, t.beginErr
 	}
+	if failed := readAll(br, stmts); failed >= 0 {
+		br.Close()
+		t.deferErr = &DeferredError{Err: stmts[failed].err}
+		return nil, t.deferErr
+	}
+	rows, _ := br.Query() // its error is the rows' Err
+	return &batchRows{Rows: rows, br: br}, nil
 }
 
 // batchRows are the rows of a query at the end of a batch: the batch ends
