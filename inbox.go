@@ -139,9 +139,12 @@ type QueuedJob struct {
 	LastAttempt bool
 	// Complete, if set, runs in the transaction that settles the event,
 	// after the handler: the queue's own completion of the job (River's
-	// JobCompleteTx), so that the event and its job settle together or not
-	// at all. It is not run when the event is recorded as
-	// failed: the queue then ends the job itself.
+	// JobCompleteTx, for one), so that the event and its job settle
+	// together or not at all. It is not run when the event is recorded as
+	// failed: the queue then ends the job itself. Without it the queue
+	// completes the job after the worker returns, and a job run again
+	// finds its event settled: package inbox leaves it unset, since
+	// River's completer records completions in batches for much less.
 	Complete func(ctx context.Context, tx pgx.Tx) error
 }
 
