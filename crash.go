@@ -59,8 +59,9 @@ const (
 	// CrashInboxAfterHandler: the handler returned nil, the event is not
 	// marked done, nothing is committed.
 	CrashInboxAfterHandler CrashPoint = "inbox-after-handler"
-	// CrashInboxBeforeCommit: the handler's writes and the job's completion
-	// are made, immediately before COMMIT is sent (with the done mark).
+	// CrashInboxBeforeCommit: the handler's writes are made (with the job's
+	// completion when QueuedJob.Complete is set), immediately before COMMIT
+	// is sent (with the done mark).
 	CrashInboxBeforeCommit CrashPoint = "inbox-before-commit"
 	// CrashInboxAfterCommit: COMMIT succeeded, the queue has not been told.
 	CrashInboxAfterCommit CrashPoint = "inbox-after-commit"

@@ -20,7 +20,8 @@ import (
 // status queued, payload and payload hash, together with a job in the
 // application's queue, and the sender is answered 2xx only after that
 // COMMIT. The queue's worker then applies the event: in one transaction it
-// locks the row, runs the handler, marks the row done and completes its job.
+// locks the row, runs the handler and marks the row done (and, when the
+// queue asks, completes its job: QueuedJob.Complete).
 // The queue owns retries, backoff, the rescue of dead workers and shutdown;
 // txhook owns the dedupe and the exactly-once apply. Package
 // github.com/txhook/txhook/inbox runs it on River.
@@ -217,8 +218,8 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 			if err := j.complete(ctx, tx); err != nil {
 				return err
 			}
-			// The done mark travels with COMMIT: the job's completion, a
-			// query, could not carry it.
+			// The done mark travels with COMMIT (a job completion, a
+			// query, could not carry it).
 			if _, err := db.New(engine.Deferred(tx)).MarkQueuedDone(ctx, db.MarkQueuedDoneParams{
 				KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
 			}); err != nil {

@@ -260,7 +260,7 @@ func (ib *Inbox) Tx(source, eventType string, h txhook.HandlerFunc) handler.Rout
 // eventType ("" for every type without a handler of its own) and returns the
 // endpoint route that accepts them into the inbox. Phase one runs in the
 // job under a claim with a fencing token, renewed while it runs; phase two
-// commits with the done mark and the job's completion.
+// commits with the done mark, and River then completes the job.
 func (ib *Inbox) Lease(source, eventType string, h txhook.LeaseHandler) handler.Route {
 	ib.mu.Lock()
 	ib.leases[routeKey{source, eventType}] = h
