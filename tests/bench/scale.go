@@ -36,11 +36,12 @@ import (
 //
 // The kept cluster runs with the settings docs/operations.md names for a
 // large events table (scaleSettings), and the tables' indexes are read into
-// memory first (the hot part of the table: see prewarm). Each round measures every size one after the other (after a CHECKPOINT,
-// so that each starts a checkpoint interval alike), and the largest size
-// once more with a pruner deleting the oldest rows as fast as the events
-// arrive (a table in steady state); the rows it deleted are put back after
-// the cell. The rows the run adds are deleted at the end.
+// memory first (the hot part of the table: see prewarm). Each round
+// measures every size one after the other (after a CHECKPOINT, so that each
+// starts a checkpoint interval alike), and the largest size once more with
+// a pruner deleting the oldest rows as fast as the events arrive (a table
+// in steady state); the rows it deleted are put back after the cell. The
+// rows the run adds are deleted at the end.
 
 // Markers of the scale section in BENCHMARKS.md: make bench-scale replaces
 // what is between them, make bench keeps it.
@@ -107,8 +108,7 @@ func runScale(ctx context.Context, o options) error {
 		}
 		defer c.Stop()
 		serverURL = c.URL
-		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote(o.scaleSettings) +
-			" (the settings docs/operations.md names for a large events table; -pg-settings none for the defaults)"
+		serverDesc = "a cluster kept between runs, started by make bench-scale with PostgreSQL's default settings" + settingsNote(o.scaleSettings)
 	} else {
 		serverDesc = "the server of DATABASE_URL, as configured there"
 	}
@@ -175,7 +175,8 @@ func settingsNote(settings []string) string {
 	if len(settings) == 0 {
 		return ""
 	}
-	return " except " + strings.Join(settings, ", ")
+	return " except " + strings.Join(settings, ", ") +
+		" (the settings docs/operations.md names for a large events table; -pg-settings none for the defaults)"
 }
 
 func rowsName(n int64) string {
