@@ -38,17 +38,7 @@ func TestChaosShort(t *testing.T) {
 	if c := testdb.Cluster(t); c != nil {
 		cfg.RestartDB = c.Restart
 	}
-	res, err := run(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(res.summary())
-	for _, p := range res.Problems {
-		t.Log("problem:", p)
-	}
-	if !res.ok() {
-		t.Fatalf("seed %d: lost=%d duplicated=%d unacked=%d", cfg.Seed, res.Lost, res.Duplicated, res.Unacked)
-	}
+	res := runClean(t, cfg)
 	if res.Kills != cfg.Kills {
 		t.Errorf("kills = %d, want %d", res.Kills, cfg.Kills)
 	}
@@ -81,17 +71,7 @@ func TestChaosShortReceivers(t *testing.T) {
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
-	res, err := run(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(res.summary())
-	for _, p := range res.Problems {
-		t.Log("problem:", p)
-	}
-	if !res.ok() {
-		t.Fatalf("seed %d: lost=%d duplicated=%d unacked=%d", cfg.Seed, res.Lost, res.Duplicated, res.Unacked)
-	}
+	res := runClean(t, cfg)
 	if res.Kills != cfg.Kills || len(res.KillsPerReceiver) != cfg.Receivers {
 		t.Errorf("kills = %d over %v, want %d over %d receivers", res.Kills, res.KillsPerReceiver, cfg.Kills, cfg.Receivers)
 	}
@@ -191,4 +171,22 @@ func TestChaosCatchesNaiveDedupe(t *testing.T) {
 		t.Fatalf("lost = %d after %d deaths between an id's commit and its work, want at least one lost per death: %s",
 			res.Lost, res.CrashExits, res.summary())
 	}
+}
+
+// runClean runs cfg and fails the test unless every event was applied
+// exactly once.
+func runClean(t *testing.T, cfg config) result {
+	t.Helper()
+	res, err := run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res.summary())
+	for _, p := range res.Problems {
+		t.Log("problem:", p)
+	}
+	if !res.ok() {
+		t.Fatalf("seed %d: lost=%d duplicated=%d unacked=%d", cfg.Seed, res.Lost, res.Duplicated, res.Unacked)
+	}
+	return res
 }
