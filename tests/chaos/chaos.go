@@ -269,9 +269,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 				time.Sleep(2 * time.Millisecond)
 			}
 			time.Sleep(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
-			select {
-			case sups[victims[i]].killReq <- struct{}{}:
-			case <-sendCtx.Done():
+			if !sups[victims[i]].kill(sendCtx) {
 				return
 			}
 			if (i+1)%10 == 0 {
@@ -348,6 +346,17 @@ type supervisor struct {
 // maxStartFailures bounds consecutive failed starts (the database may be
 // restarting).
 const maxStartFailures = 100
+
+// kill asks the supervisor to kill its process (it restarts it), and
+// reports false when ctx ended first.
+func (s *supervisor) kill(ctx context.Context) bool {
+	select {
+	case s.killReq <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
 
 func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error {
 	failures := 0

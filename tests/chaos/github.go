@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -167,77 +165,16 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 	logf("github-pushes listening on %s; fake GitHub delivering %d pushes once each, %d senders, %d kills", addr, len(pushes), cfg.Senders, cfg.Kills)
 
 	// Deliveries: each push once, as GitHub sends it; never retried.
-	var sent, okCount atomic.Int64
-	var wg sync.WaitGroup
-	jobs := make(chan push)
-	for range cfg.Senders {
-		wg.Go(func() {
-			for p := range jobs {
-				if d := gh.Send(ctx, p.guid, "push", p.body()); d.Status == "OK" {
-					okCount.Add(1)
-				}
-				sent.Add(1)
-			}
-		})
-	}
-	go func() {
-		defer close(jobs)
-		tick := time.NewTicker(time.Second / time.Duration(max(cfg.Rate, 1)))
-		defer tick.Stop()
-		for _, p := range pushes {
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				return
-			}
-			select {
-			case jobs <- p:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	n := int64(len(pushes))
-	marks := make([]int64, cfg.Kills)
-	for i := range marks {
-		marks[i] = n/50 + rng.Int64N(max(1, n*9/10))
-	}
-	slices.Sort(marks)
-	kill := func() bool {
-		select {
-		case sup.killReq <- struct{}{}:
-			return true
-		case <-ctx.Done():
-			return false
+	answered, restarted := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
+		Senders: cfg.Senders, Rate: cfg.Rate, Kills: cfg.Kills, RestartDB: cfg.RestartDB, Log: logf,
+	})
+	res.DBRestarts += restarted
+	for _, ok := range answered {
+		if ok {
+			res.FirstTryOK++
 		}
 	}
-	restartDB := func() {
-		if cfg.RestartDB != nil && res.DBRestarts == 0 && sent.Load() >= n/2 {
-			logf("restarting PostgreSQL (immediate mode) at %d/%d pushes", sent.Load(), n)
-			if err := cfg.RestartDB(ctx); err != nil {
-				logf("restart PostgreSQL: %v", err)
-			}
-			res.DBRestarts++
-		}
-	}
-	for _, m := range marks {
-		for sent.Load() < m && ctx.Err() == nil {
-			restartDB()
-			time.Sleep(2 * time.Millisecond)
-		}
-		restartDB()
-		time.Sleep(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
-		if !kill() {
-			break
-		}
-	}
-	for sent.Load() < n && ctx.Err() == nil && res.DBRestarts == 0 && cfg.RestartDB != nil {
-		restartDB()
-		time.Sleep(2 * time.Millisecond)
-	}
-	wg.Wait()
-	res.FirstTryOK = int(okCount.Load())
-	res.FirstTryFail = int(sent.Load()) - res.FirstTryOK
+	res.FirstTryFail = len(answered) - res.FirstTryOK
 	logf("pushes delivered once each: %d OK, %d failed; waiting for the sweeper", res.FirstTryOK, res.FirstTryFail)
 
 	// Recovery: only the example's sweeper asks for redeliveries now, while
@@ -273,7 +210,7 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		if sweepKills > 0 && c > res.FirstTryOK {
 			sweepKills--
 			logf("killing the example while the sweeper recovers (%d/%d settled)", c, len(pushes))
-			kill()
+			sup.kill(ctx)
 		}
 		time.Sleep(time.Duration(rng.Int64N(int64(cfg.Interval))))
 	}

@@ -7,8 +7,6 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,79 +146,10 @@ func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
 		addr, len(pushes), cfg.Senders, cfg.Kills)
 
 	// Deliveries: each push once, never retried.
-	var sent atomic.Int64
-	var mu sync.Mutex
-	answered := make(map[string]bool, len(pushes)) // guid -> answered 2xx
-	var wg sync.WaitGroup
-	work := make(chan push)
-	for range cfg.Senders {
-		wg.Go(func() {
-			for p := range work {
-				d := gh.Send(ctx, p.guid, "push", p.body())
-				mu.Lock()
-				answered[p.guid] = d.Status == "OK"
-				mu.Unlock()
-				sent.Add(1)
-			}
-		})
-	}
-	go func() {
-		defer close(work)
-		tick := time.NewTicker(time.Second / time.Duration(max(cfg.Rate, 1)))
-		defer tick.Stop()
-		for _, p := range pushes {
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				return
-			}
-			select {
-			case work <- p:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	n := int64(len(pushes))
-	// Kills spread over the deliveries.
-	marks := make([]int64, cfg.Kills)
-	for i := range marks {
-		marks[i] = n/50 + rng.Int64N(max(1, n*9/10))
-	}
-	slices.Sort(marks)
-	kill := func() bool {
-		select {
-		case sup.killReq <- struct{}{}:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	restartDB := func() {
-		if cfg.RestartDB != nil && res.DBRestarts == 0 && sent.Load() >= n/2 {
-			logf("restarting PostgreSQL (immediate mode) at %d/%d pushes", sent.Load(), n)
-			if err := cfg.RestartDB(ctx); err != nil {
-				logf("restart PostgreSQL: %v", err)
-			}
-			res.DBRestarts++
-		}
-	}
-	for _, m := range marks {
-		for sent.Load() < m && ctx.Err() == nil {
-			restartDB()
-			time.Sleep(2 * time.Millisecond)
-		}
-		restartDB()
-		time.Sleep(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
-		if !kill() {
-			break
-		}
-	}
-	for sent.Load() < n && ctx.Err() == nil && res.DBRestarts == 0 && cfg.RestartDB != nil {
-		restartDB()
-		time.Sleep(2 * time.Millisecond)
-	}
-	wg.Wait()
+	answered, restarted := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
+		Senders: cfg.Senders, Rate: cfg.Rate, Kills: cfg.Kills, RestartDB: cfg.RestartDB, Log: logf,
+	})
+	res.DBRestarts += restarted
 	var ok []string
 	for _, p := range pushes {
 		if answered[p.guid] {
@@ -278,7 +207,7 @@ func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
 		if drainKills > 0 {
 			drainKills--
 			logf("killing the example while %d pushes are queued", c)
-			kill()
+			sup.kill(ctx)
 		}
 		time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
 	}
