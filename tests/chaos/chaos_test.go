@@ -178,15 +178,22 @@ func TestChaosCatchesNaiveDedupe(t *testing.T) {
 func runClean(t *testing.T, cfg config) result {
 	t.Helper()
 	res, err := run(t.Context(), cfg)
+	mustBeClean(t, cfg.Seed, res, res.Problems, err)
+	return res
+}
+
+// mustBeClean fails the test when a scenario run with seed returned err, or
+// lost or duplicated an event; it logs the run's summary and problems.
+func mustBeClean(t *testing.T, seed uint64, res outcome, problems []string, err error) {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Log(res.summary())
-	for _, p := range res.Problems {
+	for _, p := range problems {
 		t.Log("problem:", p)
 	}
 	if !res.ok() {
-		t.Fatalf("seed %d: lost=%d duplicated=%d unacked=%d", cfg.Seed, res.Lost, res.Duplicated, res.Unacked)
+		t.Fatalf("seed %d: %s", seed, res.summary())
 	}
-	return res
 }

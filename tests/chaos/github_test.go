@@ -33,16 +33,7 @@ func TestGitHubChaosShort(t *testing.T) {
 		cfg.RestartDB = c.Restart
 	}
 	res, err := runGitHub(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(res.summary())
-	for _, p := range res.Problems {
-		t.Log("problem:", p)
-	}
-	if !res.ok() {
-		t.Fatalf("seed %d: lost=%d duplicated=%d", cfg.Seed, res.Lost, res.Duplicated)
-	}
+	mustBeClean(t, cfg.Seed, res, res.Problems, err)
 	if res.Kills < cfg.Kills {
 		t.Errorf("kills = %d, want at least %d", res.Kills, cfg.Kills)
 	}
