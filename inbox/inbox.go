@@ -278,20 +278,23 @@ func (ib *Inbox) HandlerLookup(source string) txhook.HandlerLookup {
 func (ib *Inbox) txHandler(source, eventType string) (txhook.HandlerFunc, bool) {
 	ib.mu.RLock()
 	defer ib.mu.RUnlock()
-	if h, ok := ib.handlers[routeKey{source, eventType}]; ok {
-		return h, true
-	}
-	h, ok := ib.handlers[routeKey{source, ""}]
-	return h, ok
+	return lookup(ib.handlers, source, eventType)
 }
 
 func (ib *Inbox) leaseHandler(source, eventType string) (txhook.LeaseHandler, bool) {
 	ib.mu.RLock()
 	defer ib.mu.RUnlock()
-	if h, ok := ib.leases[routeKey{source, eventType}]; ok {
+	return lookup(ib.leases, source, eventType)
+}
+
+// lookup returns the handler in m of source's events of eventType, or the
+// one registered for all of source's types ("") without a handler of
+// their own.
+func lookup[H any](m map[routeKey]H, source, eventType string) (H, bool) {
+	if h, ok := m[routeKey{source, eventType}]; ok {
 		return h, true
 	}
-	h, ok := ib.leases[routeKey{source, ""}]
+	h, ok := m[routeKey{source, ""}]
 	return h, ok
 }
 
