@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/txhook/txhook"
@@ -31,7 +32,9 @@ import (
 // until its push is applied (the latency is from the POST to the end of the
 // job's committed apply). The River row is River alone on the same
 // database: one empty job inserted per transaction and awaited until a
-// worker has run it.
+// worker has run it. The two rows with workers each have a River client of
+// their own, running only while the row is measured, so that neither
+// client's fetching and maintenance weighs on the other rows.
 const (
 	scenInboxAccept = "inbox accept (HTTP)"
 	scenInboxSync   = "sync route (HTTP, same endpoint)"
@@ -44,9 +47,9 @@ type inboxBench struct {
 	pool    *pgxpool.Pool
 	accept  *httptest.Server // inbox route, no workers
 	sync    *httptest.Server // synchronous route
-	e2e     *httptest.Server // inbox route, workers running
+	e2e     *httptest.Server // inbox route, workers running during its row
 	running *inbox.Inbox
-	client  *river.Client[pgx.Tx]
+	empty   *river.Client[pgx.Tx] // River's empty jobs, running during its row
 	secret  string
 
 	mu      sync.Mutex
@@ -99,9 +102,6 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 		return fail(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fast := func() *river.Config {
-		return &river.Config{Logger: quiet, FetchCooldown: time.Millisecond, FetchPollInterval: 50 * time.Millisecond}
-	}
 	// Accept only: its jobs go to a queue no client of the bench works, so
 	// its client keeps River's default FetchCooldown, as an application's
 	// does: the cooldown also spaces the NOTIFY an insert sends to wake the
@@ -112,31 +112,39 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if err != nil {
 		return fail(err)
 	}
-	// Running: the inbox's queue and River's empty jobs, with workers that
-	// signal the waiting request once a job's work has returned.
-	runCfg := fast()
-	runCfg.Workers = river.NewWorkers()
-	river.AddWorker(runCfg.Workers, emptyWorker{})
-	runCfg.Queues = map[string]river.QueueConfig{
-		inbox.QueueName: {MaxWorkers: max(4*c, 16)},
-		"bench_empty":   {MaxWorkers: max(4*c, 16)},
+	// The rows with workers: River's shortest FetchCooldown, so that a job
+	// is fetched as soon as its insert's NOTIFY arrives, and a short
+	// FetchPollInterval, since River sends that NOTIFY at most once per
+	// cooldown and queue: a job inserted within a millisecond of the last
+	// one (one client at a time, at concurrency 1) waits for the next poll.
+	// Their workers signal the waiting request once a job's work returned.
+	withWorkers := func(queue string) *river.Config {
+		return &river.Config{
+			Logger: quiet, FetchCooldown: time.Millisecond, FetchPollInterval: 2 * time.Millisecond,
+			Workers: river.NewWorkers(),
+			Queues:  map[string]river.QueueConfig{queue: {MaxWorkers: max(4*c, 16)}},
+			Middleware: []rivertype.Middleware{river.WorkerMiddlewareFunc(
+				func(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
+					err := doInner(ctx)
+					if err == nil {
+						var a struct{ Key, ID string }
+						if json.Unmarshal(job.EncodedArgs, &a) == nil {
+							b.signal(a.Key + a.ID)
+						}
+					}
+					return err
+				})},
+		}
 	}
-	runCfg.Middleware = []rivertype.Middleware{river.WorkerMiddlewareFunc(
-		func(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
-			err := doInner(ctx)
-			if err == nil {
-				var a struct{ Key, ID string }
-				if json.Unmarshal(job.EncodedArgs, &a) == nil {
-					b.signal(a.Key + a.ID)
-				}
-			}
-			return err
-		})}
-	b.running, err = inbox.New(pool, proc, &inbox.Config{River: runCfg})
+	b.running, err = inbox.New(pool, proc, &inbox.Config{River: withWorkers(inbox.QueueName)})
 	if err != nil {
 		return fail(err)
 	}
-	b.client = b.running.Client()
+	emptyCfg := withWorkers("bench_empty")
+	river.AddWorker(emptyCfg.Workers, emptyWorker{})
+	if b.empty, err = river.NewClient(riverpgxv5.New(pool), emptyCfg); err != nil {
+		return fail(fmt.Errorf("new river client: %w", err))
+	}
 	endpoint := func(r handler.Route) (*httptest.Server, error) {
 		ep, err := handler.New(proc, &handler.Config{
 			Source: "github", Provider: &handler.GitHub{Secrets: []string{b.secret}},
@@ -157,9 +165,6 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if b.e2e, err = endpoint(b.running.Tx("github", "push", benchPush)); err != nil {
 		return fail(err)
 	}
-	if err := b.running.Start(ctx); err != nil {
-		return fail(err)
-	}
 	return b, nil
 }
 
@@ -168,11 +173,6 @@ func (b *inboxBench) stop() {
 		if s != nil {
 			s.Close()
 		}
-	}
-	if b.running != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = b.running.Stop(ctx)
-		cancel()
 	}
 	b.pool.Close()
 }
@@ -250,6 +250,23 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 			return measure(ctx, c, o.warmup, o.duration, nil, op), nil
 		}}
 	}
+	// withWorkers runs a row's River client while the row is measured.
+	withWorkers := func(s scenario, start, stop func(context.Context) error) scenario {
+		m := s.measure
+		s.measure = func(ctx context.Context) (sample, error) {
+			if err := start(ctx); err != nil {
+				return sample{}, fmt.Errorf("start river: %w", err)
+			}
+			smp, err := m(ctx)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if serr := stop(sctx); serr != nil {
+				return sample{}, errors.Join(err, fmt.Errorf("stop river: %w", serr))
+			}
+			return smp, err
+		}
+		return s
+	}
 	acceptKey, syncKey, e2eKey, emptyKey := counter("acc"), counter("syn"), counter("e2e"), counter("emp")
 	return []scenario{
 		row(scenInboxAccept, func(ctx context.Context, w int) error {
@@ -258,7 +275,7 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 		row(scenInboxSync, func(ctx context.Context, w int) error {
 			return b.post(ctx, b.sync, syncKey(w), http.StatusOK)
 		}),
-		row(scenInboxE2E, func(ctx context.Context, w int) error {
+		withWorkers(row(scenInboxE2E, func(ctx context.Context, w int) error {
 			key := e2eKey(w)
 			ch := b.wait(key)
 			if err := b.post(ctx, b.e2e, key, http.StatusAccepted); err != nil {
@@ -266,12 +283,12 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 				return err
 			}
 			return await(ctx, ch)
-		}),
-		row(scenRiverEmpty, func(ctx context.Context, w int) error {
+		}), b.running.Start, b.running.Stop),
+		withWorkers(row(scenRiverEmpty, func(ctx context.Context, w int) error {
 			id := emptyKey(w)
 			ch := b.wait(id)
 			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := b.client.InsertTx(ctx, tx, emptyArgs{ID: id}, &river.InsertOpts{Queue: "bench_empty"})
+				_, err := b.empty.InsertTx(ctx, tx, emptyArgs{ID: id}, &river.InsertOpts{Queue: "bench_empty"})
 				return err
 			})
 			if err != nil {
@@ -279,6 +296,6 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 				return err
 			}
 			return await(ctx, ch)
-		}),
+		}), b.empty.Start, b.empty.Stop),
 	}
 }
