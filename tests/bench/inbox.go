@@ -42,6 +42,9 @@ const (
 	scenRiverEmpty  = "River empty jobs"
 )
 
+// inboxE2ETarget is the end-to-end row's target against River's empty jobs.
+const inboxE2ETarget = 0.8
+
 // inboxBench holds what the inbox rows share at one concurrency.
 type inboxBench struct {
 	pool    *pgxpool.Pool

@@ -292,7 +292,7 @@ func (r *report) markdown() string {
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
 	}
 	for _, c := range r.opts.conc {
-		target(fmt.Sprintf("inbox end to end at concurrency %d vs River's empty jobs", c), r.ratio(scenInboxE2E, scenRiverEmpty, c), 0.8)
+		target(fmt.Sprintf("inbox end to end at concurrency %d vs River's empty jobs", c), r.ratio(scenInboxE2E, scenRiverEmpty, c), inboxE2ETarget)
 	}
 	for _, c := range r.opts.conc {
 		if x, ok := r.find(scenInboxAccept, c); ok {
@@ -304,6 +304,7 @@ func (r *report) markdown() string {
 		}
 	}
 	r.explain(p)
+	r.explainInbox(p)
 	p("")
 	p("## Where the time goes")
 	p("")
@@ -311,7 +312,10 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty} {
+		if _, ok := r.find(s, r.opts.conc[0]); !ok {
+			continue // not measured in this run
+		}
 		var vals []string
 		for _, c := range r.opts.conc {
 			x, ok := r.find(s, c)
@@ -470,5 +474,30 @@ func (r *report) explain(p func(string, ...any)) {
 				a[profileAreas[1].label], a[profileAreas[0].label], a[profileAreas[3].label], a[profileAreas[2].label])
 			p("  crypto %.1f%%, txhook's own functions %.1f%%.", a[profileAreas[4].label], r.dupProfile.own)
 		}
+	}
+}
+
+// explainInbox tells what separates the inbox's end-to-end row from
+// River's empty jobs at the profiled concurrency.
+func (r *report) explainInbox(p func(string, ...any)) {
+	c := r.profConc
+	if c == 0 {
+		c = profileConcurrency
+	}
+	e2e, ok1 := r.find(scenInboxE2E, c)
+	rv, ok2 := r.find(scenRiverEmpty, c)
+	acc, ok3 := r.find(scenInboxAccept, c)
+	if !ok1 || !ok2 || !ok3 {
+		return
+	}
+	cpu := func(x cell) float64 { return x.CPU.Client + x.CPU.Receiver + x.CPU.Rest }
+	busy := e2e.Rate * cpu(e2e) / 1000
+	p("")
+	p("What separates inbox end to end from River's empty jobs at concurrency %d: an inbox event spends %.2f ms of", c, cpu(e2e))
+	p("CPU (load generator, River's workers and PostgreSQL together), River's empty job %.2f ms (%.2f× as much), the", cpu(rv), cpu(e2e)/cpu(rv))
+	p("inbox's accept alone %.2f ms. The end-to-end row keeps %.1f of the machine's %d CPUs busy.", cpu(acc), busy, runtime.NumCPU())
+	if busy >= 0.8*float64(runtime.NumCPU()) {
+		p("Its rate is then about the CPUs over its CPU per event: %.1f× River's rate would take an event (the HTTP", inboxE2ETarget)
+		p("exchange, the accept, River's job and the apply) costing at most %.2f ms.", cpu(rv)/inboxE2ETarget)
 	}
 }
