@@ -161,11 +161,14 @@ type QueuedJob struct {
 //   - when a lease-mode claim holds it (the key was claimed through
 //     ProcessLease), changes nothing: OutcomeInFlight with RetryAfter.
 //
-// h's error rolls everything back. A PermanentError, or any error on
+// h's error rolls everything back. A PermanentError, or any error of h's on
 // j.LastAttempt, then records the event as failed, with its payload, for an
 // operator to replay (Replayer): OutcomeFailed with Result.Err, j.Complete
 // not run. Any other error is recorded on the row (attempts, last error) and
-// returned: the queue retries the job, and the row stays queued.
+// returned: the queue retries the job, and the row stays queued. An error
+// that says the database could not be used (*UnavailableError), or a commit
+// of unknown outcome, is not h's failure: it is returned, and the row stays
+// queued, on the last attempt too.
 //
 // The transaction is retried, as Process's is, after a serialization
 // failure or deadlock. A *CommitUnknownError means the outcome cannot be
@@ -184,6 +187,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	)
 	err := engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
+			settled, failed = false, false // a retried transaction starts afresh
 			var err error
 			row, err = db.New(q).LockQueuedEvent(ctx, db.LockQueuedEventParams{Source: j.Source, EventKey: j.Key})
 			switch {
@@ -205,7 +209,6 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 				settled = true
 				return j.complete(ctx, tx)
 			}
-			settled, failed = false, false
 			ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 			if err := h(ctx, tx, ev); err != nil {
 				failed = true
@@ -308,9 +311,11 @@ func (p *Processor) recordQueuedError(ctx context.Context, j QueuedJob, herr err
 // Outcomes are ApplyQueued's: duplicate (settled or gone: only j.Complete
 // ran, in a transaction of its own), processed, in flight (a live claim
 // holds the event; retry after Result.RetryAfter), failed (Permanent, or any
-// error on j.LastAttempt). Any other error releases the claim at once and is
-// returned, for the queue to retry; a claim lost during the work returns an
-// error matching ErrLeaseLost, with nothing of phase two committed.
+// error on j.LastAttempt but those that say the database could not be used
+// or a commit's outcome is unknown, and a lost claim). Any other error
+// releases the claim at once and is returned, for the queue to retry; a
+// claim lost during the work returns an error matching ErrLeaseLost, with
+// nothing of phase two committed.
 func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHandler) (Result, error) {
 	s, err := h.settings()
 	if err != nil {
@@ -335,7 +340,11 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts)}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 	lastAttempt := func(err error) error {
-		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) {
+		switch {
+		case !j.LastAttempt || IsPermanent(err), errors.Is(err, ErrLeaseLost):
+		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrCommitUnknown):
+			// Not the handler's failure: the event is not failed for it.
+		default:
 			return Permanent(err)
 		}
 		return err

@@ -1,9 +1,13 @@
 package txhook_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,4 +169,119 @@ func TestUnavailableDatabase(t *testing.T) {
 		pool.Close()
 		check(t, p, pool)
 	})
+}
+
+// cutProxy forwards connections to target until a client's write holds
+// marker: it forwards that write, stops forwarding the server's answers,
+// waits for sent() to report that the server ran it (at most 10s), and
+// closes the client's connection. It returns the proxy's address.
+func cutProxy(t *testing.T, target string, marker []byte, sent func() bool) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			var cut atomic.Bool
+			go func() { // server to client
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && !cut.Load() {
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+			go func() { // client to server
+				defer s.Close()
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						hit := bytes.Contains(buf[:n], marker)
+						if hit {
+							cut.Store(true)
+						}
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							return
+						}
+						if hit {
+							for deadline := time.Now().Add(10 * time.Second); !sent() && time.Now().Before(deadline); {
+								time.Sleep(10 * time.Millisecond)
+							}
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// A connection lost while the answers to the COMMIT batch (a deferred
+// statement and COMMIT) are read: the commit may have been applied, so the
+// error is a commit of unknown outcome, never "unavailable: nothing
+// committed". Here it was applied.
+func TestCommitBatchLostIsUnknown(t *testing.T) {
+	b := setup(t)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := func() bool {
+		_, err := txhook.GetEventRecord(context.Background(), b.pool, "github", "lost-1")
+		return err == nil
+	}
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", 0
+	proxy := cutProxy(t, addr, []byte("txhook_queue_event_with_job"), committed)
+	host, port, _ := net.SplitHostPort(proxy)
+	p64, _ := strconv.ParseUint(port, 10, 16)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p64)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil
+	// The statement's text travels with its execution (no separate prepare),
+	// so that the proxy cuts at the COMMIT batch.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p, err := txhook.NewProcessor(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
+		var id int64
+		err := tx.QueryRow(ctx, "SELECT 42::bigint").Scan(&id)
+		return id, err
+	}
+	_, err = p.Accept(t.Context(), txhook.Event{Source: "github", Key: "lost-1", Type: "push", Payload: []byte(`{}`)}, nil, enqueue)
+	if !errors.Is(err, txhook.ErrCommitUnknown) || errors.Is(err, txhook.ErrUnavailable) {
+		t.Fatalf("Accept = %v, want a commit of unknown outcome (not unavailable)", err)
+	}
+	if !committed() {
+		t.Fatal("the proxy cut the connection before the server committed: the test proves nothing")
+	}
 }

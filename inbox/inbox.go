@@ -232,7 +232,9 @@ func (ib *Inbox) Start(ctx context.Context) error {
 
 // Stop stops fetching jobs and waits for running ones to finish (River's
 // Stop). When ctx ends first, running jobs are cancelled and awaited
-// (StopAndCancel): their events stay queued and are applied by the next run.
+// (StopAndCancel): a cancelled apply rolls back and River retries its job,
+// counting the attempt (on the last attempt the event is recorded as
+// failed, for a replay).
 func (ib *Inbox) Stop(ctx context.Context) error {
 	err := ib.client.Stop(ctx)
 	if err != nil && ctx.Err() != nil {
@@ -389,14 +391,24 @@ func (w *leaseWorker) Work(ctx context.Context, job *river.Job[LeaseArgs]) error
 	}
 	h, ok := ib.leaseHandler(j.Source, rec.Type)
 	if !ok {
-		return river.JobCancel(fmt.Errorf("%w %q of source %q", txhook.ErrNoHandler, rec.Type, j.Source))
+		// Recorded as failed, as on a transactional route, through the
+		// claim: an operator replays it once a handler is registered.
+		h = failLease(fmt.Errorf("%w %q of source %q", txhook.ErrNoHandler, rec.Type, j.Source))
 	}
 	res, err := ib.proc.ApplyQueuedLease(ctx, j, h)
 	return jobResult(j, res, err)
 }
 
-// jobResult turns an apply's answer into the job's: nil completes it (it
-// was completed in the apply's transaction already), an error retries it,
+// failLease is the lease handler of an event without one: its work fails
+// for good with err.
+func failLease(err error) txhook.LeaseHandler {
+	return txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
+		return nil, txhook.Permanent(err)
+	}}
+}
+
+// jobResult turns an apply's answer into the job's: nil completes it (River
+// records the completion after Work returns), an error retries it,
 // JobSnooze waits for a claim held elsewhere, JobCancel ends a job whose
 // event was recorded as failed.
 func jobResult(j txhook.QueuedJob, res txhook.Result, err error) error {

@@ -427,6 +427,68 @@ func TestLastAttemptFails(t *testing.T) {
 	}
 }
 
+// An event whose type has no handler is recorded as failed and its job
+// cancelled, on a lease route as on a transactional one: an operator can
+// replay it once a handler is registered (it is not left queued with its
+// only job gone).
+func TestNoHandlerFailsTheEvent(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, nil)
+	s.ib.Tx("github", "push", apply)
+	s.ib.Lease("github", "push", txhook.LeaseHandler{
+		Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, nil }})
+	for _, lease := range []bool{false, true} {
+		key := map[bool]string{false: "tx-1", true: "lease-1"}[lease]
+		if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "issues"}, lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.start(t)
+	for _, key := range []string{"tx-1", "lease-1"} {
+		rec := s.waitStatus(t, key, txhook.StatusFailed)
+		s.waitJobState(t, rec.JobID, string(rivertype.JobStateCancelled))
+		if !strings.Contains(rec.LastError, "no handler") {
+			t.Errorf("%s: last error %q, want it to name the missing handler", key, rec.LastError)
+		}
+	}
+}
+
+// The database session dies under the apply on the job's last attempt: not
+// the handler's failure, so the event is not recorded as failed on either
+// kind of route (the transactional route's row stays queued, the lease
+// route's claim is released), and the job is discarded.
+func TestLastAttemptDatabaseDownIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, &inbox.Config{MaxAttempts: 1})
+	kill := func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		return err
+	}
+	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, _ txhook.Event) error { return kill(ctx, tx) })
+	s.ib.Lease("github", "push", txhook.LeaseHandler{Lease: 5 * time.Second,
+		Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return kill, nil }})
+	want := map[string]string{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
+	for key := range want {
+		if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, key == "lease-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.start(t)
+	for key, status := range want {
+		rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.waitJobState(t, rec.JobID, string(rivertype.JobStateDiscarded))
+		if rec, err = txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != status {
+			t.Errorf("%s: status %q (last error %q), want %q", key, rec.Status, rec.LastError, status)
+		}
+	}
+}
+
 func TestLeaseRoute(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)

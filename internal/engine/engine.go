@@ -241,6 +241,9 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 // commitError classifies a failed COMMIT: rolled back by the server, or of
 // unknown outcome.
 func commitError(err error) error {
+	if cu, ok := errors.AsType[*CommitUnknownError](err); ok {
+		return cu // known unknown: the connection failed during the commit's batch
+	}
 	var pgErr *pgconn.PgError
 	var rb *rolledBackError
 	var de *DeferredError

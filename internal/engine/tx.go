@@ -593,9 +593,19 @@ func (t *Tx) commitQueued(ctx context.Context) error {
 		err = cerr
 	}
 	switch {
+	case conn.IsClosed() && err != nil:
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Severity == "ERROR" {
+			// The server answered a statement with an error, which
+			// aborted the transaction before COMMIT; the connection
+			// closed after that.
+			return &rolledBackError{err: err}
+		}
+		// The connection failed while the batch was sent or its answers
+		// read (the first deferred statement's read then carries the
+		// error): COMMIT may have been applied.
+		return &CommitUnknownError{Err: err}
 	case conn.IsClosed():
-		// The connection failed: COMMIT may have been applied.
-		return err
+		// COMMIT answered; the connection closed after that.
 	case conn.PgConn().TxStatus() != 'I':
 		// COMMIT did not run: a deferred statement failed, or the batch
 		// could not be sent. The transaction is still open: roll it back.
@@ -608,7 +618,8 @@ func (t *Tx) commitQueued(ctx context.Context) error {
 		return &rolledBackError{err: err}
 	case err != nil:
 		return err // COMMIT's own error: the server rolled back
-	case tag.String() == "ROLLBACK":
+	}
+	if tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
