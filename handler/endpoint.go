@@ -36,9 +36,9 @@ type ReplayGuard int
 
 // Replay guard settings.
 const (
-	// ReplayGuardAuto turns the guard on for providers whose key is not
-	// signed (those implementing KeyUnsigned and reporting true: GitHub,
-	// Shopify, HMAC with KeyHeader), off otherwise.
+	// ReplayGuardAuto turns the guard on for providers whose key or type
+	// is not signed (those implementing KeyUnsigned and reporting true:
+	// GitHub, Shopify, HMAC with KeyHeader or TypeHeader), off otherwise.
 	ReplayGuardAuto ReplayGuard = iota
 	// ReplayGuardOn always checks.
 	ReplayGuardOn

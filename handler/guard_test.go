@@ -90,6 +90,20 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	})
 }
 
+// TestReplayGuardHMACTypeHeader: an HMAC provider keyed by a signed body
+// field but typed by an unsigned header has the guard on by default, so a
+// body answered ignored cannot be sent again under a routed type.
+func TestReplayGuardHMACTypeHeader(t *testing.T) {
+	t.Parallel()
+	p := &handler.HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", KeyField: "id", TypeHeader: "X-Type"}
+	e := newEnv(t, handler.Config{Source: "h", Provider: p, Routes: map[string]handler.Route{"account.delete": handler.Tx(record)}}, nil)
+	body := `{"id":"evt_1","account":"42","note":"harmless notification"}`
+	e.post(p, body, "X-Type", "account.notice").want(t, 200, "status", "ignored")
+	e.wantCounts(1, 0)
+	e.post(p, body, "X-Type", "account.delete").want(t, 200, "status", "duplicate")
+	e.wantCounts(1, 0)
+}
+
 // deliverConcurrently posts body signed by gh under n delivery ids at once
 // and returns the answers by id.
 func deliverConcurrently(t *testing.T, e *env, gh *handler.GitHub, body, eventType string, n int) map[string]int {

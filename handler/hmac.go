@@ -46,7 +46,9 @@ type HMAC struct {
 	KeyHeader string
 	// KeyField names the top-level JSON string field holding the event key.
 	KeyField string
-	// TypeHeader names the header holding the event type. Optional.
+	// TypeHeader names the header holding the event type. Optional. The
+	// header is not signed, so setting it turns the replay guard on by
+	// default, as KeyHeader does (see KeyUnsigned).
 	TypeHeader string
 	// TypeField names the top-level JSON string field holding the event
 	// type, used when TypeHeader is empty. Optional.
@@ -70,8 +72,10 @@ func (p *HMAC) Validate() error {
 	return nil
 }
 
-// KeyUnsigned reports whether the key comes from an (unsigned) header.
-func (p *HMAC) KeyUnsigned() bool { return p.KeyHeader != "" }
+// KeyUnsigned reports whether the key or the type comes from an (unsigned)
+// header: either lets a captured body and signature be sent again as
+// another delivery, so the replay guard is then on by default.
+func (p *HMAC) KeyUnsigned() bool { return p.KeyHeader != "" || p.TypeHeader != "" }
 
 // Verify implements Provider.
 func (p *HMAC) Verify(header http.Header, body []byte, _ time.Time) error {

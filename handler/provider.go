@@ -44,9 +44,13 @@ type Signer interface {
 	Sign(header http.Header, body []byte, now time.Time) error
 }
 
-// KeyUnsigned is implemented by providers that can say whether their event
-// key is covered by the signature. When it reports true, the endpoint's
-// replay guard is on by default (see Config.ReplayGuard).
+// KeyUnsigned is implemented by providers that can say whether a delivery's
+// identity is covered by the signature: it reports true when the event key
+// or the event type is read from outside it (an unsigned header), since
+// either lets a captured body and signature be sent again as another
+// delivery (a fresh key, or a type whose route runs something else). When
+// it reports true, the endpoint's replay guard is on by default (see
+// Config.ReplayGuard).
 type KeyUnsigned interface {
 	KeyUnsigned() bool
 }

@@ -306,3 +306,27 @@ func TestSignRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyUnsignedPerProvider: every built-in provider whose key or type is
+// read from an unsigned header reports so, turning the replay guard on by
+// default; those that sign both do not.
+func TestKeyUnsignedPerProvider(t *testing.T) {
+	for _, tc := range []struct {
+		p    handler.Provider
+		want bool
+	}{
+		{&handler.GitHub{}, true},  // X-GitHub-Delivery, X-GitHub-Event
+		{&handler.Shopify{}, true}, // X-Shopify-Event-Id, X-Shopify-Topic
+		{&handler.Stripe{}, false}, // id and type in the signed body
+		{&handler.StandardWebhooks{}, false},
+		{&handler.HMAC{KeyField: "id"}, false},
+		{&handler.HMAC{KeyField: "id", TypeField: "type"}, false},
+		{&handler.HMAC{KeyField: "id", TypeHeader: "X-Type"}, true},
+		{&handler.HMAC{KeyHeader: "X-Id", TypeField: "type"}, true},
+	} {
+		ku, ok := tc.p.(handler.KeyUnsigned)
+		if got := ok && ku.KeyUnsigned(); got != tc.want {
+			t.Errorf("%T %+v: unsigned key or type = %v, want %v", tc.p, tc.p, got, tc.want)
+		}
+	}
+}
