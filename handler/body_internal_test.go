@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"testing"
 
@@ -48,33 +49,47 @@ func TestBodyDefaults(t *testing.T) {
 	}
 }
 
-// TestReadBodyAllocations: a declared body costs one allocation of its
-// size; an undeclared one grows, never past the limit.
+// TestReadBodyAllocations: a declared body within the first buffer costs
+// one allocation of its size; a larger one, declared or not, grows as it
+// arrives, never past its declared length or the limit, and a body at the
+// limit is read whole while one byte more is too large.
 func TestReadBodyAllocations(t *testing.T) {
-	data := bytes.Repeat([]byte("x"), 3<<20)
+	data := bytes.Repeat([]byte("x"), 4<<20+1)
 	r := bytes.NewReader(nil)
+	const small = 20 << 10
 	allocs := testing.AllocsPerRun(5, func() {
-		r.Reset(data)
-		b, err := readBody(r, int64(len(data)), 4<<20)
-		if err != nil || len(b) != len(data) || cap(b) != len(data) {
+		r.Reset(data[:small])
+		b, err := readBody(r, small, 4<<20)
+		if err != nil || len(b) != small || cap(b) != small {
 			t.Fatalf("readBody = %d bytes (cap %d), %v", len(b), cap(b), err)
 		}
 	})
 	if allocs != 1 {
-		t.Errorf("declared body: %v allocations, want 1", allocs)
+		t.Errorf("declared %d-byte body: %v allocations, want 1", small, allocs)
 	}
-	for _, size := range []int{0, 1, initialBodyBuffer, 3 << 20, 4 << 20} {
-		r.Reset(data[:min(size, len(data))])
-		if size > len(data) {
-			r.Reset(bytes.Repeat([]byte("y"), size))
-		}
-		b, err := readBody(r, -1, 4<<20)
-		if err != nil || len(b) != size || cap(b) > 4<<20 {
-			t.Errorf("undeclared %d bytes: got %d (cap %d), %v", size, len(b), cap(b), err)
+	for _, size := range []int{0, 1, undeclaredBodyBuffer, declaredBodyBuffer + 1, 3 << 20, 4 << 20} {
+		for _, declared := range []int64{-1, int64(size)} {
+			r.Reset(data[:size])
+			b, err := readBody(r, declared, 4<<20)
+			if err != nil || len(b) != size || cap(b) > 4<<20 || (declared >= 0 && cap(b) != size) {
+				t.Errorf("%d bytes (declared %d): got %d (cap %d), %v", size, declared, len(b), cap(b), err)
+			}
 		}
 	}
-	r.Reset(bytes.Repeat([]byte("z"), 4<<20+1))
-	if _, err := readBody(r, -1, 4<<20); !errors.As(err, new(*http.MaxBytesError)) {
-		t.Errorf("undeclared body past the limit: %v, want *http.MaxBytesError", err)
+	for _, declared := range []int64{-1, 4 << 20} {
+		r.Reset(data)
+		b, err := readBody(http.MaxBytesReader(nil, io.NopCloser(r), 4<<20), declared, 4<<20)
+		if declared < 0 && !errors.As(err, new(*http.MaxBytesError)) {
+			t.Errorf("undeclared body past the limit: %v, want *http.MaxBytesError", err)
+		}
+		if declared >= 0 && (err != nil || len(b) != 4<<20) {
+			// A declared length is what the server reads: the rest is
+			// the next request's, not this body's.
+			t.Errorf("declared body at the limit, followed by more: %d bytes, %v", len(b), err)
+		}
+	}
+	r.Reset(data[:100])
+	if _, err := readBody(r, 4<<20, 4<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("body shorter than declared: %v, want io.ErrUnexpectedEOF", err)
 	}
 }

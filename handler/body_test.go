@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -65,6 +66,39 @@ func TestDefaultBodyLimits(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDeclaredLengthNotAllocatedUpFront: a request declaring a large body
+// but sending little costs memory for what arrives, not for what it
+// declares, so headers alone cannot pin the limit per connection while the
+// body is awaited.
+func TestDeclaredLengthNotAllocatedUpFront(t *testing.T) {
+	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const declared = 16 << 20
+	ep, err := handler.New(proc, &handler.Config{Source: "gh", Provider: &handler.GitHub{Secrets: []string{"gh"}},
+		MaxBodyBytes: declared, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runs = 5
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		req := httptest.NewRequest(http.MethodPost, "/", io.LimitReader(zeros{}, 1000))
+		req.ContentLength = declared
+		w := httptest.NewRecorder()
+		ep.ServeHTTP(w, req)
+		if w.Code != http.StatusBadRequest {
+			t.Fatalf("short body: status %d, want 400", w.Code)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if grew := (after.TotalAlloc - before.TotalAlloc) / runs; grew > declared/64 {
+		t.Errorf("a request declaring %d bytes and sending 1000 allocated %d bytes, want far less than declared", declared, grew)
 	}
 }
 

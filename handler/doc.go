@@ -79,7 +79,8 @@
 // A body is read before its signature can be checked. The endpoint bounds
 // what that costs: a limit per provider from the sender's documented maximum
 // (Config.MaxBodyBytes: 25 MiB for GitHub, 4 MiB for Shopify, 1 MiB
-// otherwise), one buffer of the declared length, and a read deadline set
+// otherwise), a buffer that grows with the bytes received, never with a
+// declared length alone, and a read deadline set
 // with http.ResponseController (Config.BodyReadTimeout, 15s). Serve it with
 // an http.Server whose ReadHeaderTimeout, ReadTimeout, WriteTimeout and
 // IdleTimeout are set.

@@ -60,11 +60,12 @@ type Config struct {
 	// Fallback, if set, handles every type that Routes lacks.
 	Fallback Route
 	// MaxBodyBytes is the largest accepted body; larger ones are answered
-	// 413. A body is read before its signature can be checked, into one
-	// buffer of its declared length (growing up to this limit when no
-	// length is declared), so the limit bounds what an unsigned request
-	// costs. Defaults to the provider's documented maximum, with room:
-	// 25 MiB for GitHub (its payloads are capped at 25 MB), 4 MiB for
+	// 413. A body is read before its signature can be checked, into a
+	// buffer that grows as its bytes arrive (from at most 64 KiB), never
+	// past its declared length or this limit: the limit bounds what an
+	// unsigned request costs, and a declared length not yet sent costs at
+	// most 64 KiB. Defaults to the provider's documented maximum, with
+	// room: 25 MiB for GitHub (its payloads are capped at 25 MB), 4 MiB for
 	// Shopify (no documented cap; its bodies can exceed a megabyte), and
 	// DefaultMaxBodyBytes for the others (Stripe documents no cap; the
 	// Standard Webhooks specification recommends payloads under 20 kB).
