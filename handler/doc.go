@@ -49,6 +49,7 @@
 //	stale or missing signed timestamp            400 {"error":"stale_timestamp",...}
 //	malformed body, missing or invalid key       400 {"error":"bad_request",...}
 //	body over Config.MaxBodyBytes                413
+//	GitHub form-encoded delivery                 415 (webhook content type must be application/json)
 //	body not received within BodyReadTimeout     400
 //	method other than POST                       405 + Allow: POST
 //	handler error                                500

@@ -126,6 +126,7 @@ type Endpoint struct {
 	provider Provider
 	routes   map[string]Route
 	fallback Route
+	jsonOnly bool // form-encoded deliveries are answered 415 (GitHub)
 	maxBody  int64
 	readWait time.Duration // Config.BodyReadTimeout; <= 0: none
 	inFlight int
@@ -226,6 +227,7 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		routes:   routes,
 		fallback: c.Fallback,
 		maxBody:  c.MaxBodyBytes,
+		jsonOnly: isGitHub(c.Provider),
 		readWait: c.BodyReadTimeout,
 		inFlight: c.InFlightStatus,
 		guard:    g,
@@ -297,6 +299,10 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) reply {
 	if r.Method != http.MethodPost {
 		return reply{outcome: AnswerMethodNotAllowed, status: http.StatusMethodNotAllowed}
+	}
+	if e.jsonOnly && formEncoded(r.Header) {
+		return reply{outcome: AnswerUnsupportedMediaType, status: http.StatusUnsupportedMediaType,
+			err: errors.New("form-encoded delivery: the webhook's content type must be application/json")}
 	}
 	if r.ContentLength > e.maxBody {
 		return reply{outcome: AnswerTooLarge, status: http.StatusRequestEntityTooLarge}
@@ -438,14 +444,15 @@ func retrySeconds(d time.Duration) int64 {
 // messages are the fixed texts sent with each outcome; they carry no
 // details of the delivery, the handler or the database.
 var messages = map[Answer]string{
-	AnswerMethodNotAllowed: "use POST",
-	AnswerTooLarge:         "body too large",
-	AnswerBadSignature:     "signature missing or invalid",
-	AnswerStaleTimestamp:   "timestamp missing or outside tolerance",
-	AnswerBadRequest:       "malformed delivery or invalid event key",
-	AnswerInFlight:         "event is being processed; retry later",
-	AnswerError:            "event not processed; retry later",
-	AnswerUnavailable:      "service unavailable; retry later",
+	AnswerMethodNotAllowed:     "use POST",
+	AnswerTooLarge:             "body too large",
+	AnswerUnsupportedMediaType: "form-encoded deliveries are not accepted: set the webhook's content type to application/json",
+	AnswerBadSignature:         "signature missing or invalid",
+	AnswerStaleTimestamp:       "timestamp missing or outside tolerance",
+	AnswerBadRequest:           "malformed delivery or invalid event key",
+	AnswerInFlight:             "event is being processed; retry later",
+	AnswerError:                "event not processed; retry later",
+	AnswerUnavailable:          "service unavailable; retry later",
 }
 
 // writeJSON writes the answer's JSON body (see answerBody) with its status.
@@ -480,7 +487,7 @@ type bodyKey struct {
 var answerBodies = func() map[bodyKey][]byte {
 	all := []Answer{
 		AnswerProcessed, AnswerQueued, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
-		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge,
+		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge, AnswerUnsupportedMediaType,
 		AnswerBadSignature, AnswerStaleTimestamp, AnswerBadRequest, AnswerError,
 		AnswerUnavailable,
 	}

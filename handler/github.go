@@ -24,6 +24,11 @@ const (
 //
 // GitHub signs neither the delivery id nor a timestamp, so the endpoint's
 // replay guard is on by default for this provider.
+//
+// A webhook whose content type is application/x-www-form-urlencoded sends
+// its JSON urlencoded in a "payload" form field; the endpoint answers such
+// deliveries 415 (AnswerUnsupportedMediaType) without reading them: configure
+// the webhook's content type as application/json.
 type GitHub struct {
 	// Secrets are the webhook secrets; a signature matching any of them is
 	// accepted (for rotation). Required.
@@ -101,4 +106,18 @@ func verifyBodyMAC(secrets []string, body, sig []byte) error {
 		return fmt.Errorf("%w: signature matches no secret", ErrSignature)
 	}
 	return nil
+}
+
+// isGitHub reports whether p is the GitHub provider, whose webhooks can be
+// configured to send form-encoded bodies.
+func isGitHub(p Provider) bool {
+	_, ok := p.(*GitHub)
+	return ok
+}
+
+// formEncoded reports whether h declares an
+// application/x-www-form-urlencoded body (GitHub's "form" content type).
+func formEncoded(h http.Header) bool {
+	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/x-www-form-urlencoded")
 }

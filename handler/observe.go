@@ -11,21 +11,22 @@ type Answer string
 
 // Answers to a delivery.
 const (
-	AnswerProcessed        Answer = "processed"          // 200: handler ran and committed
-	AnswerQueued           Answer = "queued"             // 202: accepted in inbox mode, applied later
-	AnswerDuplicate        Answer = "duplicate"          // 200: key already committed
-	AnswerReplay           Answer = "replay"             // 200: body already seen under another key
-	AnswerFailed           Answer = "failed"             // 200: permanent handler error, recorded
-	AnswerIgnored          Answer = "ignored"            // 200: no route for the type
-	AnswerPing             Answer = "ping"               // 200: connectivity check
-	AnswerInFlight         Answer = "in_flight"          // 409 or 503: held by another delivery
-	AnswerMethodNotAllowed Answer = "method_not_allowed" // 405
-	AnswerTooLarge         Answer = "too_large"          // 413
-	AnswerBadSignature     Answer = "bad_signature"      // 400: missing or wrong signature
-	AnswerStaleTimestamp   Answer = "stale_timestamp"    // 400: signed timestamp out of tolerance
-	AnswerBadRequest       Answer = "bad_request"        // 400: unreadable or malformed delivery, invalid key
-	AnswerError            Answer = "error"              // 500: handler error
-	AnswerUnavailable      Answer = "unavailable"        // 503: database unreachable, commit outcome unknown
+	AnswerProcessed            Answer = "processed"              // 200: handler ran and committed
+	AnswerQueued               Answer = "queued"                 // 202: accepted in inbox mode, applied later
+	AnswerDuplicate            Answer = "duplicate"              // 200: key already committed
+	AnswerReplay               Answer = "replay"                 // 200: body already seen under another key
+	AnswerFailed               Answer = "failed"                 // 200: permanent handler error, recorded
+	AnswerIgnored              Answer = "ignored"                // 200: no route for the type
+	AnswerPing                 Answer = "ping"                   // 200: connectivity check
+	AnswerInFlight             Answer = "in_flight"              // 409 or 503: held by another delivery
+	AnswerMethodNotAllowed     Answer = "method_not_allowed"     // 405
+	AnswerTooLarge             Answer = "too_large"              // 413
+	AnswerUnsupportedMediaType Answer = "unsupported_media_type" // 415: GitHub delivery form-encoded, not JSON
+	AnswerBadSignature         Answer = "bad_signature"          // 400: missing or wrong signature
+	AnswerStaleTimestamp       Answer = "stale_timestamp"        // 400: signed timestamp out of tolerance
+	AnswerBadRequest           Answer = "bad_request"            // 400: unreadable or malformed delivery, invalid key
+	AnswerError                Answer = "error"                  // 500: handler error
+	AnswerUnavailable          Answer = "unavailable"            // 503: database unreachable, commit outcome unknown
 )
 
 // Report describes one finished delivery. It never holds secrets or the

@@ -3,6 +3,7 @@ package handler_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -103,6 +104,36 @@ func TestGitHubPing(t *testing.T) {
 	// A ping is still verified.
 	e.post(&handler.GitHub{Secrets: []string{"other"}}, `{}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
 		want(t, 400, "error", "bad_signature")
+}
+
+// TestGitHubFormContentType: a webhook configured with GitHub's form
+// content type (payload=<urlencoded JSON>) is answered 415, naming the fix,
+// with nothing run or written, even when correctly signed; JSON deliveries,
+// with or without a Content-Type, are accepted.
+func TestGitHubFormContentType(t *testing.T) {
+	t.Parallel()
+	p := &handler.GitHub{Secrets: []string{"gh"}}
+	e := newEnv(t, handler.Config{Source: "github", Provider: p}, nil)
+	form := "payload=%7B%22ref%22%3A%22refs%2Fheads%2Fmain%22%7D"
+	for _, ct := range []string{"application/x-www-form-urlencoded", "Application/X-WWW-Form-Urlencoded; charset=utf-8"} {
+		r := e.post(p, form, "Content-Type", ct, "X-GitHub-Delivery", "d-form", "X-GitHub-Event", "push")
+		r.want(t, http.StatusUnsupportedMediaType, "error", "unsupported_media_type")
+		if !strings.Contains(r.body["message"], "application/json") {
+			t.Errorf("%s: message %q does not name application/json", ct, r.body["message"])
+		}
+		if rep := e.reps.last(t); rep.Answer != handler.AnswerUnsupportedMediaType || rep.Status != http.StatusUnsupportedMediaType {
+			t.Errorf("%s: report = %+v", ct, rep)
+		}
+	}
+	e.post(p, form, "Content-Type", "application/x-www-form-urlencoded", "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
+		want(t, http.StatusUnsupportedMediaType, "error", "unsupported_media_type")
+	e.wantCounts(0, 0)
+	for i, ct := range []string{"", "application/json", "application/json; charset=utf-8"} {
+		body := fmt.Sprintf(`{"ref":"refs/heads/b%d"}`, i)
+		e.post(p, body, "Content-Type", ct, "X-GitHub-Delivery", fmt.Sprint("d-json-", i), "X-GitHub-Event", "push").
+			want(t, 200, "status", "processed")
+	}
+	e.wantCounts(3, 3)
 }
 
 // TestReplayGuard replays a captured body and signature under fresh id
