@@ -95,7 +95,10 @@ func (g ReplayGuard) Lease(h LeaseHandler) LeaseHandler {
 // ProcessLease or anything else, outside the guard's reach. The lock, and
 // the connection it holds, are kept until fn returns. A replayed body
 // returns a *ReplayError and a wait past LockTimeout ErrReplayInFlight,
-// without running fn; otherwise Run returns fn's error.
+// without running fn; otherwise Run returns fn's error. A fn that needs a
+// connection of its own (Process, ProcessLease) holds two at once: if they
+// come from one pool, its MaxConns must be at least twice the concurrent
+// calls of Run, or they can all wait for a second connection.
 func (g ReplayGuard) Run(ctx context.Context, d Beginner, ev Event, fn func(ctx context.Context) error) error {
 	if len(ev.PayloadHash) == 0 {
 		return fn(ctx)

@@ -106,8 +106,9 @@
 // the rows of those before it. For Tx routes it runs inside the delivery's
 // own transaction, after its key is inserted; for Lease routes inside the
 // claim's transaction; any other route runs while the guard holds the lock
-// in a transaction of its own on Config.DB. A wait past
-// Config.ReplayLockTimeout is answered in flight.
+// in a transaction of its own on Config.DB, so its delivery holds two
+// connections at once (see Config.DB for the pool sizes this needs). A wait
+// past Config.ReplayLockTimeout is answered in flight.
 //
 // # Observability
 //

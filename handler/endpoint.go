@@ -99,12 +99,20 @@ type Config struct {
 	// delivery of the same body under another key to finish; past it the
 	// delivery is answered in flight. Defaults to 2s.
 	ReplayLockTimeout time.Duration
-	// DB is the database the processor uses (usually the same
-	// *pgxpool.Pool). The replay guard checks Tx routes inside their own
-	// transaction and lease routes inside their claim; a route of any
-	// other kind runs while the guard holds its lock in a transaction of
-	// its own on DB, so DB is required when the guard is on and a route or
-	// the fallback is neither a Tx nor a Lease route.
+	// DB is the database the processor uses. The replay guard checks Tx
+	// routes inside their own transaction and lease routes inside their
+	// claim; a route of any other kind runs while the guard holds its lock
+	// in a transaction of its own on DB, so DB is required when the guard
+	// is on and a route or the fallback is neither a Tx nor a Lease route.
+	//
+	// Such a route's delivery holds two connections at once: DB's, for the
+	// guard's lock, and the processor's, for the route's own Process or
+	// ProcessLease. Give DB a pool of its own (a second *pgxpool.Pool on
+	// the same database), or, with the processor's pool, keep its MaxConns
+	// at least twice the deliveries of such routes in flight at once:
+	// otherwise deliveries can each hold a guard connection and wait for a
+	// second one until their contexts end (answered 503), none of them
+	// progressing. Tx and Lease routes hold one connection.
 	DB txhook.Beginner
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger

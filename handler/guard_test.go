@@ -2,6 +2,7 @@ package handler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -208,6 +209,88 @@ func TestReplayGuardOtherRouteConcurrent(t *testing.T) {
 	answers := deliverConcurrently(t, e, gh, `{"ref":"refs/heads/main","after":"2d3c"}`, "push", 8)
 	wantOneRun(t, e, answers, runs.Load())
 	e.wantCounts(1, 1)
+}
+
+// TestReplayGuardOtherRoutePools: a route that is neither a Tx nor a Lease
+// route holds a connection of Config.DB for the guard while its own Process
+// takes one of the processor's pool. With the configurations documented on
+// Config.DB (a pool of its own for DB, or one pool with MaxConns at least
+// twice the concurrent deliveries), as many concurrent deliveries of
+// different bodies as the processor's MaxConns, all inside their routes at
+// once, are all processed.
+func TestReplayGuardOtherRoutePools(t *testing.T) {
+	t.Parallel()
+	const deliveries = 2
+	for _, tc := range []struct {
+		name       string
+		procConns  int32
+		guardConns int32 // 0: the guard shares the processor's pool
+	}{
+		{"separate pool for the guard", deliveries, deliveries},
+		{"one pool, twice the connections", 2 * deliveries, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := testdb.New(t)
+			if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (source text, event_key text, event_type text)`); err != nil {
+				t.Fatal(err)
+			}
+			procPool := newPool(t, d.URL, tc.procConns)
+			guardPool := procPool
+			if tc.guardConns > 0 {
+				guardPool = newPool(t, d.URL, tc.guardConns)
+			}
+			var arrived atomic.Int32
+			all := make(chan struct{})
+			route := handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
+				// Every delivery holds its guard connection before any
+				// asks for a processor connection.
+				if arrived.Add(1) == deliveries {
+					close(all)
+				}
+				select {
+				case <-all:
+				case <-time.After(5 * time.Second):
+					return txhook.Result{}, errors.New("the other deliveries never reached their routes")
+				}
+				// The sender's patience: without a bound, a pool deadlock
+				// would hang the test instead of failing it.
+				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				return p.Process(ctx, ev, record)
+			})
+			gh := &handler.GitHub{Secrets: []string{"gh"}}
+			e := newEnvPool(t, d.Pool, procPool, handler.Config{Source: "gh", Provider: gh, DB: guardPool,
+				Routes: map[string]handler.Route{"push": route}}, nil)
+			var answers []<-chan int
+			for i := range deliveries {
+				answers = append(answers, postAsyncGitHub(e, gh, fmt.Sprintf(`{"ref":"refs/heads/b%d"}`, i), fmt.Sprint("d-", i)))
+			}
+			for i, ch := range answers {
+				if s := waitStatus(t, ch); s != http.StatusOK {
+					t.Errorf("delivery %d: status %d, want 200", i, s)
+				}
+			}
+			e.wantCounts(deliveries, deliveries)
+		})
+	}
+}
+
+// newPool connects a pool of at most maxConns connections to url, closed
+// when the test ends.
+func newPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // TestReplayGuardStatementTimeout: a session statement_timeout shorter than
