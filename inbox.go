@@ -349,7 +349,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		}
 		return err
 	}
-	return p.runClaim(ctx, c, ev, s, claimedAt, h.Work, j.complete, lastAttempt)
+	return p.runClaim(ctx, c, ev, s, claimedAt, false, h.Work, j.complete, lastAttempt)
 }
 
 // settledOrHeld answers a lease-mode job whose event could not be claimed:

@@ -64,8 +64,9 @@ func (c Claim) IdempotencyKey(step string) string {
 // drops the repeats.
 //
 // An error releases the claim at once and is returned by ProcessLease (the
-// sender's retry claims the event again); an error wrapped with Permanent
-// records the event as failed instead.
+// sender's retry claims the event again; a replay's claim records the event
+// as failed again instead, see ReplayLease); an error wrapped with Permanent
+// records the event as failed.
 type LeaseFunc func(ctx context.Context, c Claim, ev Event) (TxFunc, error)
 
 // LeaseHandler is a handler for lease mode (ProcessLease): for events whose
@@ -148,7 +149,11 @@ func (p *Processor) ProcessLease(ctx context.Context, ev Event, h LeaseHandler) 
 // ReplayLease is ProcessLease for an operator's replay: besides everything
 // ProcessLease may claim, it also claims an event recorded as failed and runs
 // h for it again, under a new fencing token. A done event is still a
-// duplicate and a live claim still in flight.
+// duplicate and a live claim still in flight. A handler error that is not
+// permanent is returned, wrapped, as with ProcessLease, but the claim ends by
+// recording the event as failed with the new error (fenced by the token,
+// payload kept) rather than by releasing it: no sender retries a dead letter,
+// so it stays one for a later replay.
 func (p *Processor) ReplayLease(ctx context.Context, ev Event, h LeaseHandler) (Result, error) {
 	return p.processLease(ctx, ev, h, true)
 }
@@ -175,7 +180,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts)}
-	return p.runClaim(ctx, c, ev, s, claimedAt, h.Work, nil, nil)
+	return p.runClaim(ctx, c, ev, s, claimedAt, replay, h.Work, nil, nil)
 }
 
 // runClaim runs an event claimed as c: phase one (work) under the lease,
@@ -183,23 +188,23 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 // done mark first, so that a lost claim is found before the business writes
 // and the row stays locked against takeovers until COMMIT (it travels with
 // BEGIN), then work's writes and then, if set, also's (inbox mode completes
-// its job there). An error ends the claim (leaseFailed), after failWrap,
-// when set, has had its say (inbox mode makes its last attempt's error
-// permanent).
-func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, claimedAt time.Time,
+// its job there). An error ends the claim (leaseFailed, which replay, set for
+// an operator's replay, passes on), after failWrap, when set, has had its say
+// (inbox mode makes its last attempt's error permanent).
+func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, claimedAt time.Time, replay bool,
 	work LeaseFunc, also TxFunc, failWrap func(error) error) (Result, error) {
 	p.crash.at(CrashLeaseAfterClaim)
 	failed := func(err error) (Result, error) {
 		if failWrap != nil {
 			err = failWrap(err)
 		}
-		return p.leaseFailed(ctx, c, ev.Payload, err)
+		return p.leaseFailed(ctx, c, ev.Payload, err, replay)
 	}
 	defer func() {
 		// A panicking handler releases its claim like a failing one, so that
 		// the retry need not wait for the lease to run out.
 		if v := recover(); v != nil {
-			p.leaseFailed(ctx, c, ev.Payload, fmt.Errorf("handler panicked: %v", v))
+			p.leaseFailed(ctx, c, ev.Payload, fmt.Errorf("handler panicked: %v", v), replay)
 			panic(v)
 		}
 	}()
@@ -286,19 +291,25 @@ func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, re
 
 // leaseFailed ends claim c after herr, an error from the handler or from
 // phase two: a permanent error records the event as failed (with payload,
-// for a replay), any other releases the claim at once. Both are fenced by
-// c's token.
-func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, herr error) (Result, error) {
+// for a replay), any other releases the claim at once, or, when replay is
+// set, records the event as failed too but returns herr: the claim of an
+// operator's replay took a dead letter, which no sender retries, and a
+// released claim would leave it in progress with nobody to claim it. All
+// are fenced by c's token.
+func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, herr error, replay bool) (Result, error) {
 	text := pgtype.Text{String: errorText(herr), Valid: true}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.run.FinishTimeout)
 	defer cancel()
+	fail := func(ctx context.Context, q *db.Queries) (int64, error) {
+		return q.FailLease(ctx, db.FailLeaseParams{
+			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text, Payload: payload,
+		})
+	}
 	if IsPermanent(herr) {
 		var n int64
 		err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 			var err error
-			n, err = q.FailLease(ctx, db.FailLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text, Payload: payload,
-			})
+			n, err = fail(ctx, q)
 			return err
 		})
 		switch {
@@ -312,12 +323,18 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, he
 	var n int64
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
-		n, err = q.ReleaseLease(ctx, db.ReleaseLeaseParams{
-			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text,
-		})
+		if replay {
+			n, err = fail(ctx, q)
+		} else {
+			n, err = q.ReleaseLease(ctx, db.ReleaseLeaseParams{
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text,
+			})
+		}
 		return err
 	})
 	switch {
+	case err != nil && replay:
+		herr = errors.Join(herr, fmt.Errorf("record failed event: %w", err))
 	case err != nil:
 		herr = errors.Join(herr, fmt.Errorf("release claim: %w", err))
 	case n == 0 && !errors.Is(herr, ErrLeaseLost):

@@ -109,10 +109,11 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 	if o.DryRun {
 		err := RunTx(ctx, b, &TxOptions{AccessMode: pgx.ReadOnly}, func(ctx context.Context, tx pgx.Tx) error {
 			q := db.New(tx)
-			var err error
-			if cutoff, err = q.PruneCutoff(ctx, olderThan); err != nil {
+			c, err := q.PruneCutoff(ctx, olderThan)
+			if err != nil {
 				return fmt.Errorf("read cutoff: %w", err)
 			}
+			cutoff = c.Cutoff
 			res.Deleted, err = q.CountPrunable(ctx, db.CountPrunableParams{IncludeFailed: o.IncludeFailed, Cutoff: cutoff})
 			if err != nil {
 				return fmt.Errorf("count prunable events: %w", err)
@@ -125,7 +126,7 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 		}
 		return res, nil
 	}
-	started := pgtype.Timestamptz{Time: time.Now(), Valid: true}
+	var started pgtype.Timestamptz // the run's start, read with the cutoff: the clock of last_batch_at
 	for {
 		var n int64
 		var locked bool
@@ -139,9 +140,11 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 				return errRollback
 			}
 			if !cutoff.Valid {
-				if cutoff, err = q.PruneCutoff(ctx, olderThan); err != nil {
+				c, err := q.PruneCutoff(ctx, olderThan)
+				if err != nil {
 					return fmt.Errorf("read cutoff: %w", err)
 				}
+				started, cutoff = c.Now, c.Cutoff
 			}
 			n, err = q.PruneBatch(ctx, db.PruneBatchParams{
 				IncludeFailed: o.IncludeFailed,

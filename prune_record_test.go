@@ -15,12 +15,13 @@ func TestPruneRecordsItsLatestRun(t *testing.T) {
 		deleted                 int64
 		batches                 int
 		started, lastBatch      time.Time
+		cutoff                  time.Time
 		includeFailed, recorded bool
 	}
 	last := func() run {
 		t.Helper()
 		var r run
-		rows, err := d.Pool.Query(t.Context(), "SELECT deleted, batches, started_at, last_batch_at, include_failed FROM txhook_prune_runs")
+		rows, err := d.Pool.Query(t.Context(), "SELECT deleted, batches, started_at, last_batch_at, cutoff, include_failed FROM txhook_prune_runs")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,7 +29,7 @@ func TestPruneRecordsItsLatestRun(t *testing.T) {
 		n := 0
 		for rows.Next() {
 			n++
-			if err := rows.Scan(&r.deleted, &r.batches, &r.started, &r.lastBatch, &r.includeFailed); err != nil {
+			if err := rows.Scan(&r.deleted, &r.batches, &r.started, &r.lastBatch, &r.cutoff, &r.includeFailed); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -59,8 +60,13 @@ func TestPruneRecordsItsLatestRun(t *testing.T) {
 		t.Fatalf("prune: %+v, %v", res, err)
 	}
 	first := last()
-	if !first.recorded || first.deleted != 5 || first.batches != 3 || first.includeFailed || first.lastBatch.Before(first.started.Truncate(time.Millisecond)) {
+	if !first.recorded || first.deleted != 5 || first.batches != 3 || first.includeFailed || first.lastBatch.Before(first.started) {
 		t.Errorf("after a run of 3 batches deleting 5 rows: %+v", first)
+	}
+	// The run's start is the database's time of its cutoff, the clock of
+	// last_batch_at: a run never seems to start after its last batch.
+	if got := first.started.Sub(first.cutoff); got != txhook.DefaultRetention {
+		t.Errorf("started_at - cutoff = %v, want the retention %v (one clock, one instant)", got, txhook.DefaultRetention)
 	}
 
 	// A new run starts a new record rather than adding to the last one.

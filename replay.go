@@ -98,8 +98,10 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 // it was. A *CommitUnknownError means the outcome cannot be known.
 //
 // An event of a lease-mode type (see ReplayerConfig.LeaseLookup) is replayed
-// with Processor.ReplayLease instead, under a new claim; its outcomes are
-// those of ProcessLease.
+// with Processor.ReplayLease instead, under a new claim (one more attempt);
+// its outcomes are those of ProcessLease. A handler error that is not
+// permanent is returned and the event stays failed, with the new error, for
+// a later replay.
 func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, error) {
 	if r.leaseLookup != nil {
 		if res, ok, err := r.replayLease(ctx, source, key); ok {
@@ -225,7 +227,7 @@ type ReplayReport struct {
 	Type   string
 	// Result is Replay's result, valid when Err is nil.
 	Result Result
-	// Err is Replay's error; the event is unchanged.
+	// Err is Replay's error; the event is left as Replay says.
 	Err error
 }
 

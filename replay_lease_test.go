@@ -3,6 +3,7 @@ package txhook_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -61,5 +62,79 @@ func TestReplayerReplaysLeaseModeEvents(t *testing.T) {
 	}
 	if len(calls) != 2 || calls[0] != calls[1] {
 		t.Errorf("external calls = %v, want two with the same idempotency key", calls)
+	}
+}
+
+// A lease-mode replay whose handler fails with an error that is not
+// permanent, in phase one or in phase two, returns the error and leaves the
+// event failed with the new error and its payload, still a dead letter: a
+// later replay runs it.
+func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, phase := range []string{"work", "commit"} {
+		t.Run(phase, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			p := b.processor(t, &txhook.Config{StorePayload: true})
+			ev := event("evt_lease_replay_" + phase)
+			errUpstream := errors.New("carrier API answered 503")
+			mode := "permanent"
+			lh := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+				switch {
+				case mode == "permanent":
+					return nil, txhook.Permanent(errors.New("carrier refused the address"))
+				case mode == "transient" && phase == "work":
+					return nil, errUpstream
+				case mode == "transient":
+					return func(ctx context.Context, tx pgx.Tx) error {
+						if err := insertEffect(ctx, tx, ev); err != nil {
+							return err
+						}
+						return errUpstream
+					}, nil
+				}
+				return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
+			}}
+			if res, err := p.ProcessLease(t.Context(), ev, lh); err != nil || res.Outcome != txhook.OutcomeFailed {
+				t.Fatalf("ProcessLease = %v, %v; want failed", res.Outcome, err)
+			}
+			r, err := txhook.NewReplayer(b.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
+				&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			mode = "transient"
+			if _, err := r.Replay(t.Context(), ev.Source, ev.Key); !errors.Is(err, errUpstream) || errors.Is(err, txhook.ErrLeaseLost) {
+				t.Fatalf("Replay error = %v, want the handler's error", err)
+			}
+			rec, err := txhook.GetEventRecord(t.Context(), b.pool, ev.Source, ev.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Status != txhook.StatusFailed || rec.Attempts != 2 || !rec.LeaseExpiresAt.IsZero() ||
+				rec.CompletedAt.IsZero() || !strings.Contains(rec.LastError, "carrier API answered 503") ||
+				string(rec.Payload) != string(ev.Payload) {
+				t.Errorf("row after the failed replay = %+v, want failed, attempt 2, the new error and the payload", rec)
+			}
+			dead, err := txhook.ListDeadLetters(t.Context(), b.pool, txhook.DeadLetterFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dead) != 1 || dead[0].Key != ev.Key {
+				t.Errorf("dead letters = %+v, want the event", dead)
+			}
+			if n := b.effects(t, ev.Key); n != 0 {
+				t.Errorf("effects = %d after the failed replay, want 0", n)
+			}
+
+			mode = "ok"
+			if res, err := r.Replay(t.Context(), ev.Source, ev.Key); err != nil || res.Outcome != txhook.OutcomeProcessed {
+				t.Fatalf("second Replay = %v, %v; want processed", res.Outcome, err)
+			}
+			if n := b.effects(t, ev.Key); n != 1 {
+				t.Errorf("effects = %d, want 1", n)
+			}
+		})
 	}
 }

@@ -84,7 +84,7 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 		row := resultRow{Source: t[0], Key: t[1]}
 		switch {
 		case err != nil:
-			row.Message = "unchanged: " + err.Error()
+			row.Message = "not replayed: " + err.Error()
 		case res.Outcome == txhook.OutcomeProcessed:
 			row.OK, row.Message = true, "replayed: processed, the event is done"
 			d.Done++

@@ -214,3 +214,55 @@ func TestProgressOfLongCommands(t *testing.T) {
 		t.Errorf("replay progress: exit %d, stderr:\n%s", code, errOut)
 	}
 }
+
+// A lease-mode replay that cannot claim its event (another transaction holds
+// the row past the processor's lock timeout) is in flight: not replayed, and
+// the command fails.
+func TestReplayInFlight(t *testing.T) {
+	t.Parallel()
+	f := newReplayFixture(t)
+	p, err := txhook.NewProcessor(f.db.Pool, &txhook.Config{LockTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	lh := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+		ran = true
+		return nil, nil
+	}}
+	cfg := &Config{
+		Name: "app txhook",
+		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
+			return txhook.NewReplayer(pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
+				&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
+		},
+	}
+	tx, err := f.db.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM txhook_processed_events
+		WHERE source = 'stripe' AND event_key = 'evt_failed_1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := runWith(t, env{progressEvery: time.Hour}, cfg, "--database-url", f.db.URL, "replay", "stripe", "evt_failed_1")
+	if code != 1 || out != "not replayed stripe evt_failed_1: another replay or delivery holds the event; try again\n" ||
+		!strings.Contains(errOut, "1 of 1 events not processed") {
+		t.Errorf("replay of a held event: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, _ = runWith(t, env{progressEvery: time.Hour}, cfg, "--database-url", f.db.URL, "replay", "--all", "--source", "stripe", "--type", "invoice.paid", "--limit", "1")
+	if code != 1 || !strings.Contains(out, "0 of 1 dead letters processed, 0 failed again, 1 not replayed\n") {
+		t.Errorf("replay --all of a held event: exit %d, stdout %q", code, out)
+	}
+	if ran {
+		t.Error("the handler ran for a held event")
+	}
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, f.db.Pool, "status = 'failed'"); n != 5 {
+		t.Errorf("failed events = %d, want 5 (nothing replayed)", n)
+	}
+}

@@ -154,6 +154,9 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		case res.Outcome == txhook.OutcomeFailed:
 			failed++
 			fmt.Fprintf(c.stdout, "replayed %s: failed again, still a dead letter: %v\n", what, res.Err)
+		case res.Outcome == txhook.OutcomeInFlight:
+			errs++
+			fmt.Fprintf(c.stdout, "not replayed %s: another replay or delivery holds the event; try again\n", what)
 		default:
 			fmt.Fprintf(c.stdout, "replayed %s: %s\n", what, res.Outcome)
 		}

@@ -347,15 +347,21 @@ func (q *Queries) PruneBatch(ctx context.Context, arg PruneBatchParams) (int64, 
 }
 
 const pruneCutoff = `-- name: PruneCutoff :one
-SELECT (now() - $1::interval)::timestamptz AS cutoff
+SELECT now()::timestamptz AS now, (now() - $1::interval)::timestamptz AS cutoff
 `
 
-// The prune cutoff on the database clock, which also stamps completed_at.
-func (q *Queries) PruneCutoff(ctx context.Context, olderThan pgtype.Interval) (pgtype.Timestamptz, error) {
+type PruneCutoffRow struct {
+	Now    pgtype.Timestamptz
+	Cutoff pgtype.Timestamptz
+}
+
+// The prune cutoff on the database clock, which also stamps completed_at, and the clock's time,
+// which starts a run.
+func (q *Queries) PruneCutoff(ctx context.Context, olderThan pgtype.Interval) (PruneCutoffRow, error) {
 	row := q.db.QueryRow(ctx, pruneCutoff, olderThan)
-	var cutoff pgtype.Timestamptz
-	err := row.Scan(&cutoff)
-	return cutoff, err
+	var i PruneCutoffRow
+	err := row.Scan(&i.Now, &i.Cutoff)
+	return i, err
 }
 
 const recordReplayFailure = `-- name: RecordReplayFailure :execrows

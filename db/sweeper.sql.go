@@ -70,7 +70,7 @@ func (q *Queries) ClaimRedelivery(ctx context.Context, arg ClaimRedeliveryParams
 }
 
 const getSweeperCursor = `-- name: GetSweeperCursor :one
-SELECT coalesce(max(cursor_delivery_id), 0)::bigint AS cursor_delivery_id
+SELECT coalesce(max(cursor_delivery_id), 0)::bigint AS cursor_delivery_id, now()::timestamptz AS now
 FROM txhook_sweeper_runs WHERE source = $1 AND hook = $2
 `
 
@@ -79,11 +79,18 @@ type GetSweeperCursorParams struct {
 	Hook   string
 }
 
-func (q *Queries) GetSweeperCursor(ctx context.Context, arg GetSweeperCursorParams) (int64, error) {
+type GetSweeperCursorRow struct {
+	CursorDeliveryID int64
+	Now              pgtype.Timestamptz
+}
+
+// The hook's cursor, and the database clock's time, which starts a run (its end is stamped by the
+// same clock).
+func (q *Queries) GetSweeperCursor(ctx context.Context, arg GetSweeperCursorParams) (GetSweeperCursorRow, error) {
 	row := q.db.QueryRow(ctx, getSweeperCursor, arg.Source, arg.Hook)
-	var cursor_delivery_id int64
-	err := row.Scan(&cursor_delivery_id)
-	return cursor_delivery_id, err
+	var i GetSweeperCursorRow
+	err := row.Scan(&i.CursorDeliveryID, &i.Now)
+	return i, err
 }
 
 const listRedeliveries = `-- name: ListRedeliveries :many

@@ -191,11 +191,13 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 		conn.Release()
 	}()
 
-	cursor, err := q.GetSweeperCursor(ctx, db.GetSweeperCursorParams{Source: s.cfg.Source, Hook: s.hook})
+	// The run's start as recorded comes from the database's clock, which
+	// also stamps its end.
+	state, err := q.GetSweeperCursor(ctx, db.GetSweeperCursorParams{Source: s.cfg.Source, Hook: s.hook})
 	if err != nil {
 		return Result{}, fmt.Errorf("ghsweep: read sweeper state: %w", err)
 	}
-	res, newest, runErr := s.sweep(ctx, q, cursor)
+	res, newest, runErr := s.sweep(ctx, q, state.CursorDeliveryID)
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -206,7 +208,7 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 	if err := q.SaveSweeperRun(sctx, db.SaveSweeperRunParams{
 		Source:           s.cfg.Source,
 		Hook:             s.hook,
-		StartedAt:        pgtype.Timestamptz{Time: started, Valid: true},
+		StartedAt:        state.Now,
 		CursorDeliveryID: newest,
 		Deliveries:       int32(res.Deliveries),
 		Failed:           int32(res.Failed),

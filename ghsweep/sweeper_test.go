@@ -169,7 +169,8 @@ func TestSettledSkippedUnknownRedeliveredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(runs) != 1 || runs[0].Hook != "repos/octo-org/octo-repo/hooks/7" || runs[0].TotalRedelivered != 3 ||
-		runs[0].FinishedAt.IsZero() || runs[0].NewestDeliveryID == 0 {
+		runs[0].FinishedAt.IsZero() || runs[0].NewestDeliveryID == 0 || runs[0].StartedAt.IsZero() ||
+		runs[0].FinishedAt.Before(runs[0].StartedAt) {
 		t.Fatalf("runs %+v, want one run record with 3 redeliveries in all", runs)
 	}
 	rds, err := ghsweep.ListRedeliveries(t.Context(), f.pool, "github", 10)

@@ -1,6 +1,7 @@
 -- name: PruneCutoff :one
--- The prune cutoff on the database clock, which also stamps completed_at.
-SELECT (now() - @older_than::interval)::timestamptz AS cutoff;
+-- The prune cutoff on the database clock, which also stamps completed_at, and the clock's time,
+-- which starts a run.
+SELECT now()::timestamptz AS now, (now() - @older_than::interval)::timestamptz AS cutoff;
 
 -- name: TryPruneLock :one
 -- Takes the pruning advisory lock for the current transaction, or reports that

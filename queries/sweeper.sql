@@ -72,7 +72,9 @@ ON CONFLICT (source, hook) DO UPDATE
         last_error = excluded.last_error;
 
 -- name: GetSweeperCursor :one
-SELECT coalesce(max(cursor_delivery_id), 0)::bigint AS cursor_delivery_id
+-- The hook's cursor, and the database clock's time, which starts a run (its end is stamped by the
+-- same clock).
+SELECT coalesce(max(cursor_delivery_id), 0)::bigint AS cursor_delivery_id, now()::timestamptz AS now
 FROM txhook_sweeper_runs WHERE source = @source AND hook = @hook;
 
 -- name: ListSweeperRuns :many

@@ -446,7 +446,7 @@ func TestReplayAppliesOnce(t *testing.T) {
 		t.Errorf("replay of the selected: %q", got)
 	}
 	results := text(t, ctx, "#results tbody")
-	for _, want := range []string{"evt_dead_2\treplayed", "evt_dead_neg\tfailed again (still a dead letter): permanent: negative amount -5", "no stored payload"} {
+	for _, want := range []string{"evt_dead_2\treplayed", "evt_dead_neg\tfailed again (still a dead letter): permanent: negative amount -5", "not replayed: replay github/a1b2c3d4-0000-4000-8000-000000000001: txhook: event has no stored payload"} {
 		if !strings.Contains(results, want) {
 			t.Errorf("results lack %q:\n%s", want, results)
 		}
