@@ -365,7 +365,7 @@ func TestQueryFirstTravelsWithBegin(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	wantTrips(t, tr, "Query first under a savepoint", [][]string{{"savepoint txhook", two}, {"release savepoint txhook"}})
+	wantTrips(t, tr, "Query first under a savepoint", [][]string{{"savepoint txhook_1"}, {two}, {"release savepoint txhook_1"}})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -225,8 +225,8 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // Invalid input returns a *ValidationError (ErrInvalidEvent) and writes
 // nothing.
 //
-// ctx bounds the work up to COMMIT, including h's deferred writes; see
-// RunTx.
+// ctx bounds the work up to COMMIT: none of h's deferred writes is sent
+// once it has ended; see RunTx.
 func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err

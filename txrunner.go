@@ -96,8 +96,10 @@ var errRollback = engine.ErrRollback
 // reported as ErrUnavailable. Writes fn sends through Deferred travel with
 // its next statement or with COMMIT.
 //
-// ctx bounds BEGIN and fn, including fn's deferred writes; COMMIT and
-// ROLLBACK are bounded by opts.FinishTimeout instead.
+// ctx bounds BEGIN and fn, and fn's deferred writes: none is sent once ctx
+// has ended. COMMIT and ROLLBACK are bounded by opts.FinishTimeout instead,
+// and so are the deferred writes that travel with COMMIT on a pool or
+// connection.
 func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 	return apiError(engine.Run(ctx, engine.Begin(db), opts.engine(), engine.Spec{Body: fn}))
 }
@@ -106,8 +108,9 @@ func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 // when fn returns an error or panics, only fn's work is rolled back and tx
 // stays usable; when fn returns nil the savepoint is released and fn's work
 // commits or rolls back with the caller's transaction. It never retries and
-// never commits tx. The savepoint travels with fn's first statement, and
-// the writes fn sends through Deferred with its release.
+// never commits tx. The savepoint is a round trip of its own before fn's
+// first statement, and the writes fn sends through Deferred travel with its
+// release.
 func RunNestedTx(ctx context.Context, tx pgx.Tx, fn TxFunc) error {
 	return apiError(engine.Run(ctx, engine.Savepoint(tx), (*TxOptions)(nil).engine(), engine.Spec{Body: fn}))
 }

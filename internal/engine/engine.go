@@ -8,9 +8,9 @@
 // body's work may commit: the dedupe step, lease mode's done mark, the
 // replay's row lock. The body is the application's handler. Two
 // optimisations live here, for every path alike:
-//   - BEGIN (or SAVEPOINT) travels with the first statement, and the first
-//     step with BEGIN or, with Spec.WithFirstStatement, with the body's
-//     first statement;
+//   - BEGIN travels with the first statement (a savepoint's SAVEPOINT is
+//     a round trip before it), and the first step with BEGIN or, with
+//     Spec.WithFirstStatement, with the body's first statement;
 //   - statements the body defers (Deferred) travel with its next statement
 //     or with the end of the transaction.
 //
@@ -149,11 +149,15 @@ func (e *beginError) Unwrap() error { return e.err }
 // and retries, with backoff and up to o.MaxAttempts attempts in all, an
 // attempt that failed with a serialization failure or deadlock, or whose
 // BEGIN failed before anything was applied. A savepoint run is tried once
-// and released, never committed.
+// and released, never committed; when its savepoint cannot be rolled back
+// after a failure, the error says that the caller's transaction is not
+// usable.
 //
 // ctx bounds BEGIN, the first step, the body and the body's deferred
 // statements: once ctx has ended, nothing the body deferred is sent and the
-// run fails. COMMIT and ROLLBACK are bounded by o.FinishTimeout instead.
+// run fails. COMMIT and ROLLBACK are bounded by o.FinishTimeout instead, and
+// so are the deferred statements that travel with COMMIT on a pool or
+// connection.
 //
 // The error is nil (committed), ErrRollback or the first step's own error
 // (rolled back, as the first step asked), a *CommitUnknownError, an
@@ -191,7 +195,7 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			tx.abort(ctx, finish)
+			_ = tx.abort(ctx, finish)
 			panic(p)
 		}
 	}()
@@ -212,17 +216,14 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 	}
 	switch {
 	case tx.err() != nil:
-		tx.abort(ctx, finish)
-		return tx.cause()
+		return tx.abortWith(ctx, finish, tx.cause())
 	case berr != nil:
-		tx.abort(ctx, finish)
-		return berr
+		return tx.abortWith(ctx, finish, berr)
 	}
 	if err := ctx.Err(); err != nil && len(tx.queue) > 0 {
 		// The body's deferred statements are part of its work: not sent
 		// once its context has ended.
-		tx.abort(ctx, finish)
-		return &DeferredError{Err: err}
+		return tx.abortWith(ctx, finish, &DeferredError{Err: err})
 	}
 	if s.BeforeCommit != nil {
 		s.BeforeCommit()

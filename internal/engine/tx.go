@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,16 +23,15 @@ const (
 	// its own; then batches go through the transaction it returns, and
 	// COMMIT through that transaction's Commit.
 	onTx
-	// inSavepoint: the caller's transaction. SAVEPOINT travels in the
-	// first batch; RELEASE SAVEPOINT with the deferred statements.
+	// inSavepoint: the caller's transaction. SAVEPOINT is a round trip of
+	// its own, before the first batch, so that nothing in that batch can
+	// fail before the savepoint exists; RELEASE SAVEPOINT travels with the
+	// deferred statements.
 	inSavepoint
 )
 
 // SQL the engine sends besides the caller's statements.
 const (
-	savepointSQL         = "savepoint txhook"
-	releaseSavepointSQL  = "release savepoint txhook"
-	rollbackSavepointSQL = "rollback to savepoint txhook; release savepoint txhook"
 	// boundSQL saves the session's lock_timeout and sets the first step's
 	// bound, for the body's statements sent before the first step answered.
 	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
@@ -94,8 +95,9 @@ func batchOf(stmts []stmt, then ...string) *pgx.Batch {
 }
 
 // Tx is the transaction (or savepoint) of a run, as its body sees it: a
-// pgx.Tx whose statements are sent lazily. The first batch carries BEGIN or
-// SAVEPOINT, the first step and whatever the body has sent so far; deferred
+// pgx.Tx whose statements are sent lazily. The first batch carries BEGIN
+// (or follows SAVEPOINT), the first step and whatever the body has sent so
+// far; deferred
 // statements (Deferred) wait for the body's next statement or for the end.
 // Once the first step has stopped the run, BEGIN has failed, or a deferred
 // statement has failed, every later statement returns that error unsent.
@@ -112,6 +114,8 @@ type Tx struct {
 	bound              string // the lock_timeout of body statements sent with first
 
 	open   bool          // the first batch was sent
+	depth  int           // inSavepoint: how many savepoints enclose this one, plus one
+	saved  bool          // inSavepoint: SAVEPOINT succeeded
 	under  pgx.Tx        // where statements go once open
 	pooled *pgxpool.Conn // the connection acquired from a pool; released at the end
 	queue  []stmt        // deferred statements not sent yet
@@ -133,13 +137,29 @@ func newTx(t Target, opts pgx.TxOptions, first func(context.Context, Querier) er
 	tx := &Tx{opts: opts, first: first, withFirstStatement: withFirstStatement && first != nil, bound: bound, run: true}
 	switch {
 	case t.parent != nil:
-		tx.kind, tx.parent = inSavepoint, t.parent
+		tx.kind, tx.parent, tx.depth = inSavepoint, t.parent, depthIn(t.parent)
 	case batchBegins(t.db):
 		tx.kind, tx.db = onConn, t.db
 	default:
 		tx.kind, tx.db = onTx, t.db
 	}
 	return tx
+}
+
+// depthIn is the depth of a savepoint begun in parent: one more than
+// parent's own when parent is a savepoint of the engine's, and 1 otherwise.
+func depthIn(parent pgx.Tx) int {
+	if p, ok := parent.(*Tx); ok {
+		return p.depth + 1
+	}
+	return 1
+}
+
+// savepointName is the name of the savepoint: unique among the savepoints
+// that enclose it, so that ROLLBACK TO and RELEASE, which act on the newest
+// savepoint of a name, find this one and not one its body left open.
+func (t *Tx) savepointName() string {
+	return "txhook_" + strconv.Itoa(t.depth)
 }
 
 // batchBegins reports whether BEGIN can travel in a batch on d: a pool or a
@@ -188,7 +208,8 @@ func (t *Tx) direct() bool {
 	return t.open && len(t.queue) == 0 && t.err() == nil
 }
 
-// begin sends the first batch, if it has not been sent: BEGIN or SAVEPOINT,
+// begin sends the first batch, if it has not been sent: BEGIN (or, before
+// it, SAVEPOINT),
 // the first step's statement and extra, whose first nDeferred are deferred
 // statements. It records what stops the run.
 func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
@@ -242,31 +263,46 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 		return &beginError{err: err}
 	}
 	t.readFirst(br, bounded, first, extra)
+	if t.kind == inSavepoint {
+		// After a SAVEPOINT of its own, pgx's refusal of the batch is the
+		// answer of its first statement.
+		head := first
+		if head == nil && len(extra) > 0 {
+			head = &extra[0]
+		}
+		if head != nil {
+			if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](head.err); ok {
+				return refused(pe, first, extra, nDeferred, head.err)
+			}
+		}
+	}
 	return nil
 }
 
-// beginBatch sends a first batch: BEGIN or SAVEPOINT, as the transaction's
-// kind needs, and then what queue adds, in one round trip, and reads the
-// BEGIN's or SAVEPOINT's result; the rest of br is the caller's to read.
-// When the batch fails to begin, a pooled connection goes back (or, closed,
-// out of the pool), and a session the server had ended before the batch is
-// replaced once: nothing of the batch ran on it, so it is sent again on
-// another connection. Otherwise the error is returned, with whether the
-// connection was found closed.
+// beginBatch sends a first batch: BEGIN, as the transaction's kind needs,
+// and then what queue adds, in one round trip, and reads the BEGIN's result;
+// the rest of br is the caller's to read. A savepoint's first batch follows
+// its SAVEPOINT, sent on its own (see savepointBatch). When the batch fails
+// to begin, a pooled connection goes back (or, closed, out of the pool), and
+// a session the server had ended before the batch is replaced once: nothing
+// of the batch ran on it, so it is sent again on another connection. A
+// statement pgx refused (one that cannot be prepared, arguments that cannot
+// be encoded) is not sent again. Otherwise the error is returned, with
+// whether the connection was found closed.
 func (t *Tx) beginBatch(ctx context.Context, queue func(b *pgx.Batch)) (br pgx.BatchResults, closed bool, err error) {
+	if t.kind == inSavepoint {
+		return t.savepointBatch(ctx, queue)
+	}
 	_, fromPool := t.db.(*pgxpool.Pool)
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
-		switch t.kind {
-		case onConn:
+		if t.kind == onConn {
 			b.BeginTx(t.opts)
-		case inSavepoint:
-			b.Queue(savepointSQL)
 		}
 		queue(b)
 		br, err = t.sendBatch(ctx, b)
 		if err == nil && t.kind != onTx {
-			_, err = br.Exec() // BEGIN or SAVEPOINT
+			_, err = br.Exec() // BEGIN
 		}
 		if err == nil {
 			return br, false, nil
@@ -280,16 +316,43 @@ func (t *Tx) beginBatch(ctx context.Context, queue func(b *pgx.Batch)) (br pgx.B
 			t.releaseConn()
 			t.under = nil
 		}
-		if try == 0 && (pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err))) {
+		if try == 0 && !statementRefused(err) &&
+			(pgconn.SafeToRetry(err) || (closed && fromPool) || (t.kind == onTx && Unreachable(err))) {
 			continue
 		}
 		return nil, closed, err
 	}
 }
 
+// statementRefused reports whether pgx refused a batch for one of its
+// statements (a statement the server could not prepare, arguments that
+// could not be encoded) rather than for its connection: sent again, the
+// batch would be refused again.
+func statementRefused(err error) bool {
+	_, ok := errors.AsType[pgx.ErrPreprocessingBatch](err)
+	return ok && !Unreachable(err)
+}
+
+// savepointBatch is beginBatch for a savepoint: SAVEPOINT in a round trip
+// of its own, then the batch of what queue adds, whose results are all the
+// caller's to read. pgx may send a batch's statements to be prepared before
+// the batch itself, and a statement the server refuses then aborts the
+// caller's transaction: the savepoint must exist by then for the run to
+// roll back to it.
+func (t *Tx) savepointBatch(ctx context.Context, queue func(b *pgx.Batch)) (pgx.BatchResults, bool, error) {
+	t.under = t.parent
+	if _, err := t.parent.Exec(ctx, "savepoint "+t.savepointName()); err != nil {
+		return nil, t.connClosed(), err
+	}
+	t.saved = true
+	b := &pgx.Batch{}
+	queue(b)
+	return t.parent.SendBatch(ctx, b), false, nil
+}
+
 // queryFirst sends the first batch with a multi-row query at its end:
-// BEGIN or SAVEPOINT, the deferred statements, then the query, in one round
-// trip. The query's rows are read from the batch, which ends when they are
+// BEGIN, the deferred statements, then the query, in one round trip (after
+// SAVEPOINT's own in a savepoint). The query's rows are read from the batch, which ends when they are
 // closed (or read to the end). It records what stops the run, as begin
 // does.
 func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, error) {
@@ -303,24 +366,39 @@ func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, 
 		b.Queue(sql, args...)
 	})
 	if err != nil {
-		if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
-			for _, s := range stmts {
-				if s.sql == pe.SQL() {
-					t.deferErr = &DeferredError{Err: err}
-					return nil, t.deferErr
-				}
-			}
-		}
-		t.beginErr = &beginError{err: err}
-		return nil, t.beginErr
+		return nil, t.queryRefused(stmts, err, closed)
 	}
 	if failed := readAll(br, stmts); failed >= 0 {
 		br.Close()
+		if _, ok := errors.AsType[pgx.ErrPreprocessingBatch](stmts[failed].err); ok && t.kind == inSavepoint {
+			// After a SAVEPOINT of its own: pgx refused the batch.
+			return nil, t.queryRefused(stmts, stmts[failed].err, t.connClosed())
+		}
 		t.deferErr = &DeferredError{Err: stmts[failed].err}
 		return nil, t.deferErr
 	}
-	rows, _ := br.Query() // its error is the rows' Err
+	rows, err := br.Query() // otherwise its error is the rows' Err
+	if _, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && t.kind == inSavepoint {
+		rows.Close()
+		br.Close()
+		return nil, t.queryRefused(stmts, err, t.connClosed())
+	}
 	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// queryRefused records why queryFirst's batch was not sent: the refused
+// deferred statement's error, or a failure to begin.
+func (t *Tx) queryRefused(stmts []stmt, err error, closed bool) error {
+	if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+		for _, s := range stmts {
+			if s.sql == pe.SQL() {
+				t.deferErr = &DeferredError{Err: err}
+				return t.deferErr
+			}
+		}
+	}
+	t.beginErr = &beginError{err: err}
+	return t.beginErr
 }
 
 // batchRows are the rows of a query at the end of a batch: the batch ends
@@ -376,10 +454,10 @@ func refused(pe pgx.ErrPreprocessingBatch, first *stmt, extra []stmt, nDeferred 
 	return &beginError{err: err}
 }
 
-// sendBatch sends the first batch b where the transaction begins.
+// sendBatch sends the first batch b where the transaction begins: on a pool
+// or connection, or in a transaction of its Beginner.
 func (t *Tx) sendBatch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
-	switch t.kind {
-	case onConn:
+	if t.kind == onConn {
 		conn, err := t.acquire(ctx)
 		if err != nil {
 			return nil, err
@@ -387,16 +465,13 @@ func (t *Tx) sendBatch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, err
 		br := conn.SendBatch(ctx, b)
 		t.under = br.Tx()
 		return br, nil
-	case onTx:
-		tx, err := t.db.BeginTx(ctx, t.opts)
-		if err != nil {
-			return nil, err
-		}
-		t.under = tx
-		return tx.SendBatch(ctx, b), nil
 	}
-	t.under = t.parent
-	return t.parent.SendBatch(ctx, b), nil
+	tx, err := t.db.BeginTx(ctx, t.opts)
+	if err != nil {
+		return nil, err
+	}
+	t.under = tx
+	return tx.SendBatch(ctx, b), nil
 }
 
 // acquire returns the connection a transaction on a pool or connection runs
@@ -418,7 +493,7 @@ func (t *Tx) acquire(ctx context.Context) (*pgx.Conn, error) {
 	return nil, errors.New("txhook: no connection to begin a batch on")
 }
 
-// readFirst reads the first batch's results after BEGIN or SAVEPOINT.
+// readFirst reads the first batch's results after BEGIN's.
 func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []stmt) {
 	var err error
 	if bounded {
@@ -515,21 +590,24 @@ func (t *Tx) deferExec(sql string, args []any) error {
 	return nil
 }
 
-// commit ends the transaction: the deferred statements (sent under bctx,
-// the body's context) and COMMIT or RELEASE SAVEPOINT (under cctx), in one
-// round trip where the kind allows.
+// commit ends the transaction with its deferred statements. On a pool or
+// connection, they travel with COMMIT in one batch, under cctx; in a
+// Beginner's transaction, they are sent under bctx, the body's context, and
+// then COMMIT under cctx; in a savepoint, they travel with RELEASE SAVEPOINT
+// in one batch, under bctx. Deferred statements that begin the transaction
+// (nothing else was sent) are sent under bctx. A rollback after a failure
+// runs under cctx.
 func (t *Tx) commit(bctx, cctx context.Context) error {
 	if err := t.err(); err != nil {
-		if !t.done {
-			t.abort(cctx, 0)
+		if t.done {
+			return err
 		}
-		return err
+		return t.abortWith(cctx, 0, err)
 	}
 	if !t.open && len(t.queue) > 0 {
 		// Only deferred statements: they begin the transaction.
 		if err := t.send(bctx, nil); err != nil {
-			t.abort(cctx, 0)
-			return &rolledBackError{err: err}
+			return t.abortWith(cctx, 0, &rolledBackError{err: err})
 		}
 	}
 	if !t.open {
@@ -546,8 +624,7 @@ func (t *Tx) commit(bctx, cctx context.Context) error {
 	case onTx:
 		if len(t.queue) > 0 {
 			if err := t.send(bctx, nil); err != nil {
-				t.abort(cctx, 0)
-				return &rolledBackError{err: err}
+				return t.abortWith(cctx, 0, &rolledBackError{err: err})
 			}
 		}
 		defer t.end()
@@ -556,7 +633,7 @@ func (t *Tx) commit(bctx, cctx context.Context) error {
 	}
 	stmts := t.queue
 	t.queue = nil
-	br := t.parent.SendBatch(bctx, batchOf(stmts, releaseSavepointSQL))
+	br := t.parent.SendBatch(bctx, batchOf(stmts, "release savepoint "+t.savepointName()))
 	failed := readAll(br, stmts)
 	var err error
 	if failed < 0 {
@@ -569,8 +646,7 @@ func (t *Tx) commit(bctx, cctx context.Context) error {
 		err = &DeferredError{Err: stmts[failed].err}
 	}
 	if err != nil {
-		t.abort(cctx, 0)
-		return err
+		return t.abortWith(cctx, 0, err)
 	}
 	t.end()
 	return nil
@@ -627,12 +703,14 @@ func (t *Tx) commitQueued(ctx context.Context) error {
 
 // abort rolls the transaction back under a context the caller's
 // cancellation does not reach (bounded by timeout when it is positive), so
-// that the connection goes back to its pool clean. A failed rollback leaves
-// nothing to do: pgx closes a connection whose rollback failed, and the
-// server rolls back what that connection had open.
-func (t *Tx) abort(ctx context.Context, timeout time.Duration) {
+// that the connection goes back to its pool clean, and returns the
+// rollback's error. A failed rollback of a transaction leaves nothing to
+// do: pgx closes a connection whose rollback failed, and the server rolls
+// back what that connection had open. A failed rollback of a savepoint
+// leaves the caller's transaction in a state nobody knows (see abortWith).
+func (t *Tx) abort(ctx context.Context, timeout time.Duration) error {
 	if t.done {
-		return
+		return nil
 	}
 	rctx := context.WithoutCancel(ctx)
 	if timeout > 0 {
@@ -640,8 +718,30 @@ func (t *Tx) abort(ctx context.Context, timeout time.Duration) {
 		rctx, cancel = context.WithTimeout(rctx, timeout)
 		defer cancel()
 	}
-	_ = t.rollback(rctx)
+	return t.rollback(rctx)
 }
+
+// abortWith aborts (see abort) the transaction that err ended and returns
+// err, or, when the rollback of a savepoint failed, a *savepointError.
+func (t *Tx) abortWith(ctx context.Context, timeout time.Duration, err error) error {
+	if rerr := t.abort(ctx, timeout); rerr != nil && t.kind == inSavepoint {
+		return &savepointError{cause: err, err: rerr}
+	}
+	return err
+}
+
+// savepointError reports that a savepoint could not be rolled back after
+// its run failed: what the run did may still be in the caller's
+// transaction, which is not usable and must be rolled back. It unwraps to
+// the rollback's error only: the run's outcome (a duplicate, a permanent
+// failure) does not hold.
+type savepointError struct{ cause, err error }
+
+func (e *savepointError) Error() string {
+	return fmt.Sprintf("rollback to savepoint failed, the enclosing transaction is not usable and must be rolled back: %v (the savepoint's work failed: %v)", e.err, e.cause)
+}
+
+func (e *savepointError) Unwrap() error { return e.err }
 
 // rollback rolls the transaction or savepoint back.
 func (t *Tx) rollback(ctx context.Context) error {
@@ -662,10 +762,33 @@ func (t *Tx) rollback(ctx context.Context) error {
 		}
 		return err
 	}
+	if !t.saved {
+		return nil // SAVEPOINT failed: there is nothing of this savepoint to roll back
+	}
 	// Without arguments, pgx sends this with the simple protocol, which
-	// an aborted transaction accepts (a batch would first prepare it).
-	_, err := t.parent.Exec(ctx, rollbackSavepointSQL)
-	return err
+	// an aborted transaction accepts (a batch would first prepare it, and
+	// refuse its two commands). It goes past what the enclosing engine
+	// transactions deferred: that is theirs, and waits for their next
+	// statement.
+	name := t.savepointName()
+	if _, err := t.enclosing().Exec(ctx, "rollback to savepoint "+name+"; release savepoint "+name); err != nil {
+		return fmt.Errorf("rollback to savepoint %s: %w", name, err)
+	}
+	return nil
+}
+
+// enclosing is the transaction a savepoint's own statements go to at once:
+// the caller's transaction or, when that is the engine's, the transaction
+// under it.
+func (t *Tx) enclosing() pgx.Tx {
+	q := t.parent
+	for {
+		p, ok := q.(*Tx)
+		if !ok || p.under == nil {
+			return q
+		}
+		q = p.under
+	}
 }
 
 // end marks the transaction ended and hands its connection back to its
@@ -759,8 +882,8 @@ type errRow struct{ err error }
 func (r errRow) Scan(...any) error { return r.err }
 
 // Query implements pgx.Tx. As the transaction's first statement (with no
-// first step to send), it travels with BEGIN or SAVEPOINT and the deferred
-// statements, and its rows are read from that batch. Otherwise rows cannot
+// first step to send), it travels with BEGIN (or after SAVEPOINT) and the
+// deferred statements, and its rows are read from that batch. Otherwise rows cannot
 // outlive a batch, so a query is sent after what is pending.
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if !t.open && t.first == nil && t.err() == nil {
@@ -797,7 +920,7 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 }
 
 // Begin implements pgx.Tx: a savepoint in the transaction, run by the same
-// rules (its SAVEPOINT travels with its first statement, its deferred
+// rules (its SAVEPOINT is sent before its first statement, its deferred
 // statements with RELEASE).
 func (t *Tx) Begin(context.Context) (pgx.Tx, error) {
 	if err := t.err(); err != nil {
