@@ -97,8 +97,8 @@ func batchOf(stmts []stmt, then ...string) *pgx.Batch {
 // Tx is the transaction (or savepoint) of a run, as its body sees it: a
 // pgx.Tx whose statements are sent lazily. The first batch carries BEGIN
 // (or follows SAVEPOINT), the first step and whatever the body has sent so
-// far; deferred
-// statements (Deferred) wait for the body's next statement or for the end.
+// far; deferred statements (Deferred) wait for the body's next statement or
+// for the end.
 // Once the first step has stopped the run, BEGIN has failed, or a deferred
 // statement has failed, every later statement returns that error unsent.
 type Tx struct {
@@ -209,8 +209,7 @@ func (t *Tx) direct() bool {
 }
 
 // begin sends the first batch, if it has not been sent: BEGIN (or, before
-// it, SAVEPOINT),
-// the first step's statement and extra, whose first nDeferred are deferred
+// it, SAVEPOINT), the first step's statement and extra, whose first nDeferred are deferred
 // statements. It records what stops the run.
 func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 	if t.open {
@@ -352,8 +351,8 @@ func (t *Tx) savepointBatch(ctx context.Context, queue func(b *pgx.Batch)) (pgx.
 
 // queryFirst sends the first batch with a multi-row query at its end:
 // BEGIN, the deferred statements, then the query, in one round trip (after
-// SAVEPOINT's own in a savepoint). The query's rows are read from the batch, which ends when they are
-// closed (or read to the end). It records what stops the run, as begin
+// SAVEPOINT's own in a savepoint). The query's rows are read from the
+// batch, which ends when they are closed (or read to the end). It records what stops the run, as begin
 // does.
 func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, error) {
 	t.open = true
