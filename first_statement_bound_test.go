@@ -2,10 +2,12 @@ package txhook_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txhook/txhook"
 )
@@ -136,5 +138,78 @@ func TestNewKeyFirstStatementPastTheBound(t *testing.T) {
 	}
 	if later != session {
 		t.Errorf("lock_timeout after the first statement = %q, want the session's %q", later, session)
+	}
+}
+
+// TestNewKeyFirstStatementNowait: a new key whose first statement, sent
+// with the dedupe step, refuses to wait (NOWAIT) on a row another
+// transaction holds fails at once whatever the bound: the handler runs once
+// and Process returns its error, not a second attempt.
+func TestNewKeyFirstStatementNowait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, RecentKeys: -1})
+	holdRow(t, b)
+	var calls int
+	_, err := p.Process(t.Context(), event("evt_nowait"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		calls++
+		if _, err := tx.Exec(ctx, "SELECT * FROM accounts WHERE id = 1 FOR UPDATE NOWAIT"); err != nil {
+			return err
+		}
+		return insertEffect(ctx, tx, ev)
+	})
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "55P03" {
+		t.Errorf("Process error = %v, want the handler's lock_not_available", err)
+	}
+	if calls != 1 {
+		t.Errorf("handler calls = %d, want 1", calls)
+	}
+	if n := b.effects(t, "evt_nowait"); n != 0 {
+		t.Errorf("effects = %d, want 0", n)
+	}
+}
+
+// TestReplayGuardInFlightWithFirstStatement: under DedupeWithFirstStatement
+// the replay guard's check is the handler's first statement, sent with the
+// dedupe step; its wait on another delivery of the same body is bounded by
+// the guard's own LockTimeout, and the delivery is answered
+// ErrReplayInFlight after that wait, once, not after a second attempt.
+func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const wait = 400 * time.Millisecond
+	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, RecentKeys: -1})
+	g := txhook.ReplayGuard{LockTimeout: wait}
+	withHash := func(key string) txhook.Event {
+		ev := event(key)
+		ev.PayloadHash = []byte("same body")
+		return ev
+	}
+	// Another delivery of the body holds the guard's lock.
+	tx, err := b.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if res, err := p.ProcessTx(t.Context(), tx, withHash("evt_first"), g.Handler(insertEffect)); err != nil || res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("ProcessTx = %v, %v; want processed", res.Outcome, err)
+	}
+
+	var calls int
+	h := g.Handler(insertEffect)
+	start := time.Now()
+	_, err = p.Process(t.Context(), withHash("evt_second"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		calls++
+		return h(ctx, tx, ev)
+	})
+	elapsed := time.Since(start)
+	if !errors.Is(err, txhook.ErrReplayInFlight) {
+		t.Fatalf("Process error = %v, want ErrReplayInFlight", err)
+	}
+	if calls != 1 {
+		t.Errorf("handler calls = %d, want 1", calls)
+	}
+	if limit := wait * 3 / 2; elapsed >= limit {
+		t.Errorf("answered after %v, want about the guard's LockTimeout %v (below %v)", elapsed, wait, limit)
 	}
 }

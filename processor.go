@@ -109,9 +109,12 @@ type Config struct {
 	// (a duplicate never waits long on a business row the first delivery
 	// holds); when the key is new and one of them hits that bound, the
 	// attempt runs again with the dedupe step first and the handler's own
-	// setting. Use it for handlers that do nothing but decode, check and
-	// write through tx (what a transactional handler should do): code before
-	// their first statement runs for every delivery. A handler's first
+	// setting. A lock_not_available of the handler's own (NOWAIT, or a
+	// lock_timeout set inside a function, as ReplayGuard's check does) is
+	// not a hit of the bound: the handler's error, answered once. Use it
+	// for handlers that do nothing but decode, check and write through tx
+	// (what a transactional handler should do): code before their first
+	// statement runs for every delivery. A handler's first
 	// QueryRow is sent when its row is scanned, and a first Query,
 	// SendBatch, CopyFrom or Prepare after the dedupe step. Lease mode is
 	// unchanged.

@@ -91,7 +91,11 @@ type Spec struct {
 	// Body then starts before First has answered; when First stops the
 	// run, Body's statements return ErrNotNew, and what Body returns is
 	// ignored. Body's statements sent before First has answered are bounded
-	// by LockTimeout; later ones run with the session's own setting.
+	// by LockTimeout; later ones run with the session's own setting. When
+	// First lets the run go on and one of them waited on a lock past that
+	// bound, the attempt runs again with First on its own; a statement that
+	// refused to wait (NOWAIT) or ran out a lock_timeout a function set
+	// fails the run as it is.
 	WithFirstStatement bool
 	// LockTimeout is the lock_timeout (PostgreSQL's syntax, "2000ms") of
 	// Body's statements sent with First under WithFirstStatement.
@@ -176,8 +180,11 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 		}
 		if tx.boundHit && withFirstStatement {
 			// The key is new, but the body's first statement waited on a
-			// lock longer than the first step's bound: run the attempt again
+			// lock longer than the first step's bound (a lock_timeout at the
+			// statement's own level, see boundCut): run the attempt again
 			// with the first step on its own, under the session's setting.
+			// A NOWAIT or a function's own lock_timeout is the statement's
+			// error, answered as it is.
 			withFirstStatement = false
 			attempt--
 			continue

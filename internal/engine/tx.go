@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,7 +127,8 @@ type Tx struct {
 	firstErr error // the first step stopped the run
 	deferErr error // a deferred statement failed
 	// boundHit reports that the first step found its key new but a body
-	// statement sent with it waited on a lock past the bound.
+	// statement sent with it waited on a lock past the bound (see
+	// boundCut).
 	boundHit bool
 }
 
@@ -518,7 +520,7 @@ func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []s
 	cerr := br.Close()
 	switch {
 	case failed >= 0:
-		t.boundHit = bounded && isLockTimeout(extra[failed].err)
+		t.boundHit = bounded && boundCut(extra[failed].err)
 	case err == nil && cerr != nil:
 		// pgx reports a failure after the last statement read (or of the
 		// statement restoring the bound) again on Close.
@@ -529,9 +531,20 @@ func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []s
 	}
 }
 
-func isLockTimeout(err error) bool {
+// boundCut reports whether err, the error of a statement sent under the
+// first step's bound, may be the bound cutting its lock wait short: a
+// lock_timeout that ran out (raised where the server checks for timeouts,
+// not a NOWAIT's refusal, which fails at once whatever the bound) in a
+// statement at its own level (its context names no function: a function
+// can set its own lock_timeout over the bound, as the replay guard's does).
+// Without the bound, such a statement could have waited longer; any other
+// lock_not_available is the statement's own, and is answered as it is. A
+// bound hit inside a function is answered as it is too: a rerun could not
+// tell it from the function's own timeout, and would repeat its wait.
+func boundCut(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == "55P03"
+	return ok && pgErr.Code == "55P03" && pgErr.Routine == "ProcessInterrupts" &&
+		!strings.Contains(pgErr.Where, "function")
 }
 
 // send sends the deferred statements and then, when cur is not nil, cur, in
