@@ -106,7 +106,8 @@
 //   - claim: a lease-mode delivery's hold on an event (Claim); phase one
 //     runs under it, phase two commits the business writes and the done mark.
 //   - fencing token: the claim's attempt number (Claim.Token); every write
-//     for the claim is conditional on it.
+//     for the claim is conditional on it and on when the claim was made
+//     (the token starts again at 1 for a key whose row was deleted).
 //   - idempotency key: a deterministic key per event and step
 //     (IdempotencyKey) for the external calls of lease mode.
 //   - replay: running a failed event again from its stored payload

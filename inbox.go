@@ -322,7 +322,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		return Result{}, err
 	}
 	p.crash.at(CrashInboxAfterFetch)
-	claimedAt := time.Now()
+	started := time.Now()
 	var row db.ClaimQueuedEventRow
 	err = p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
@@ -337,7 +337,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	if err != nil {
 		return Result{}, directError(fmt.Errorf("claim queued event: %w", err))
 	}
-	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts)}
+	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 	lastAttempt := func(err error) error {
 		switch {
@@ -349,7 +349,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		}
 		return err
 	}
-	return p.runClaim(ctx, c, ev, s, claimedAt, false, h.Work, j.complete, lastAttempt)
+	return p.runClaim(ctx, c, ev, s, started, false, h.Work, j.complete, lastAttempt)
 }
 
 // settledOrHeld answers a lease-mode job whose event could not be claimed:

@@ -35,8 +35,16 @@ type Claim struct {
 	// Token is the fencing token of this claim: the event's attempt number,
 	// 1 for the first claim and one more for every later claim (a takeover
 	// after a lease ran out, a retry after a handler error, a replay). Every
-	// write the processor makes for this claim is conditional on it.
+	// write the processor makes for this claim is conditional on it and on
+	// when the claim was made.
 	Token int
+
+	// claimedAt is the row's claimed_at as this claim set it, on the
+	// database's clock. The token starts again at 1 when the row is deleted
+	// (a discarded dead letter, pruning) and the key is claimed anew, so
+	// every write for the claim is conditional on both. A Claim the
+	// processor did not make has none, and no write matches it.
+	claimedAt pgtype.Timestamptz
 }
 
 // IdempotencyKey returns the idempotency key of the step named step of the
@@ -167,7 +175,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{}, err
 	}
 
-	claimedAt := time.Now() // before the claim: the local lease never outlasts the database's
+	started := time.Now() // before the claim: the local lease never outlasts the database's
 	row, err := p.claim(ctx, ev, s.lease, replay, h.guard)
 	switch {
 	case isLockTimeout(err):
@@ -179,19 +187,19 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	case !row.Claimed:
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
-	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts)}
-	return p.runClaim(ctx, c, ev, s, claimedAt, replay, h.Work, nil, nil)
+	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
+	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, nil, nil)
 }
 
 // runClaim runs an event claimed as c: phase one (work) under the lease,
-// renewed as s says from claimedAt, then phase two in one transaction: the
-// done mark first, so that a lost claim is found before the business writes
-// and the row stays locked against takeovers until COMMIT (it travels with
-// BEGIN), then work's writes and then, if set, also's (inbox mode completes
-// its job there). An error ends the claim (leaseFailed, which replay, set for
+// renewed as s says from started (the local time just before the claim),
+// then phase two in one transaction: the done mark first, so that a lost
+// claim is found before the business writes and the row stays locked against
+// takeovers until COMMIT (it travels with BEGIN), then work's writes and
+// then, if set, also's (inbox mode completes its job there). An error ends the claim (leaseFailed, which replay, set for
 // an operator's replay, passes on), after failWrap, when set, has had its say
 // (inbox mode makes its last attempt's error permanent).
-func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, claimedAt time.Time, replay bool,
+func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, started time.Time, replay bool,
 	work LeaseFunc, also TxFunc, failWrap func(error) error) (Result, error) {
 	p.crash.at(CrashLeaseAfterClaim)
 	failed := func(err error) (Result, error) {
@@ -210,7 +218,7 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 	}()
 
 	// Phase one, under the lease.
-	k := p.keepLease(ctx, c, s, claimedAt)
+	k := p.keepLease(ctx, c, s, started)
 	var lost bool
 	commit, err := func() (TxFunc, error) {
 		defer func() { lost = k.stop() }()
@@ -228,7 +236,7 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			n, err := db.New(q).CompleteLease(ctx, db.CompleteLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token),
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
 			})
 			switch {
 			case err != nil:
@@ -295,14 +303,15 @@ func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, re
 // set, records the event as failed too but returns herr: the claim of an
 // operator's replay took a dead letter, which no sender retries, and a
 // released claim would leave it in progress with nobody to claim it. All
-// are fenced by c's token.
+// are fenced by c (its token and the time of its claim).
 func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, herr error, replay bool) (Result, error) {
 	text := pgtype.Text{String: errorText(herr), Valid: true}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.run.FinishTimeout)
 	defer cancel()
 	fail := func(ctx context.Context, q *db.Queries) (int64, error) {
 		return q.FailLease(ctx, db.FailLeaseParams{
-			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text, Payload: payload,
+			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
+			LastError: text, Payload: payload,
 		})
 	}
 	if IsPermanent(herr) {
@@ -327,7 +336,8 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, he
 			n, err = fail(ctx, q)
 		} else {
 			n, err = q.ReleaseLease(ctx, db.ReleaseLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LastError: text,
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
+				LastError: text,
 			})
 		}
 		return err
@@ -364,8 +374,8 @@ type leaseKeeper struct {
 	done   chan struct{}
 }
 
-func (p *Processor) keepLease(parent context.Context, c Claim, s leaseSettings, claimedAt time.Time) *leaseKeeper {
-	end := claimedAt.Add(s.lease)
+func (p *Processor) keepLease(parent context.Context, c Claim, s leaseSettings, started time.Time) *leaseKeeper {
+	end := started.Add(s.lease)
 	done := make(chan struct{})
 	if s.renewEvery <= 0 {
 		ctx, cancel := context.WithDeadlineCause(parent, end, ErrLeaseLost)
@@ -403,7 +413,8 @@ func (p *Processor) heartbeat(ctx context.Context, k *leaseKeeper, c Claim, s le
 		err := p.autocommit(rctx, func(ctx context.Context, q *db.Queries) error {
 			var err error
 			n, err = q.RenewLease(ctx, db.RenewLeaseParams{
-				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), LeaseMs: durationMs(s.lease),
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
+				LeaseMs: durationMs(s.lease),
 			})
 			return err
 		})

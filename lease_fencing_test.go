@@ -138,3 +138,152 @@ func wantSameClaim(t *testing.T, got, want db.TxhookProcessedEvent) {
 			want.Attempts, want.LeaseExpiresAt.Time)
 	}
 }
+
+// TestLeaseStaleWorkerFencedAfterDiscard: the token starts again at 1 when
+// the row is deleted. A worker claims an event (token 1) and stalls past its
+// lease; another takes it over (token 2) and fails for good; an operator
+// discards the dead letter (the console's delete); a new delivery claims the
+// key afresh, with token 1 again. The stale worker's phase two, its release
+// and its failure record must all miss the new claim, although the token
+// matches: nothing of it commits, and the new claim completes.
+func TestLeaseStaleWorkerFencedAfterDiscard(t *testing.T) {
+	t.Parallel()
+	errCommit := errors.New("ledger rejected the entry")
+	for _, tc := range []struct {
+		name   string
+		commit func(key string) txhook.TxFunc // the stale worker's phase two
+	}{
+		{"done mark only", func(string) txhook.TxFunc { return nil }},
+		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
+		{"business writes then error", func(key string) txhook.TxFunc {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
+					return err
+				}
+				return errCommit
+			}
+		}},
+		{"business writes then permanent error", func(key string) txhook.TxFunc {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
+					return err
+				}
+				return txhook.Permanent(errCommit)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := leaseSetup(t)
+			ev := leaseEvent("evt_discarded")
+
+			staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+				if err := b.api.charge(context.WithoutCancel(ctx), c.IdempotencyKey("charge")); err != nil {
+					return nil, err
+				}
+				return tc.commit(ev.Key), nil
+			}
+			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: staleWork}, false)
+			if c := stale.claim(t); c.Token != 1 {
+				t.Fatalf("stale worker's token = %d, want 1", c.Token)
+			}
+
+			// The takeover fails for good: a dead letter.
+			var takeover txhook.Claim
+			failing := txhook.LeaseHandler{Lease: time.Minute, Work: func(_ context.Context, c txhook.Claim, _ txhook.Event) (txhook.TxFunc, error) {
+				takeover = c
+				return nil, txhook.Permanent(errors.New("unknown account"))
+			}}
+			until(t, "a takeover", func() bool {
+				res, err := b.p.ProcessLease(t.Context(), ev, failing)
+				if err != nil {
+					t.Fatalf("takeover delivery: %v", err)
+				}
+				switch res.Outcome {
+				case txhook.OutcomeInFlight:
+					return false
+				case txhook.OutcomeFailed:
+					return true
+				}
+				t.Fatalf("takeover delivery: outcome %v, want failed", res.Outcome)
+				return false
+			})
+			if takeover.Token != 2 {
+				t.Fatalf("takeover's token = %d, want 2", takeover.Token)
+			}
+
+			// The operator discards the dead letter, as the console does.
+			n, err := db.New(b.pool).AdminDiscardFailed(t.Context(), db.AdminDiscardFailedParams{Source: ev.Source, EventKey: ev.Key})
+			if err != nil || n != 1 {
+				t.Fatalf("discard = %d, %v; want 1 row", n, err)
+			}
+
+			// A new delivery claims the key afresh and stays in phase one.
+			owner := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: time.Minute, Work: b.chargeAndRecord("owner")}, false)
+			if c := owner.claim(t); c.Token != 1 {
+				t.Fatalf("new owner's token = %d, want 1 (a new row)", c.Token)
+			}
+			claimed := b.row(t, ev.Key)
+
+			stale.finish(t)
+			if !errors.Is(stale.err, txhook.ErrLeaseLost) {
+				t.Errorf("stale worker = %v, %v; want an error matching ErrLeaseLost", stale.res, stale.err)
+			}
+			if got := b.effects(t, ev.Key); len(got) != 0 {
+				t.Errorf("effects = %v after the stale worker's phase two, want none", got)
+			}
+			wantSameClaim(t, b.row(t, ev.Key), claimed)
+
+			owner.finish(t)
+			if owner.err != nil || owner.res.Outcome != txhook.OutcomeProcessed {
+				t.Fatalf("new owner = %v, %v; want processed", owner.res, owner.err)
+			}
+			if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "owner" {
+				t.Errorf("effects = %v, want the new owner's only", got)
+			}
+			if r := b.row(t, ev.Key); r.Status != "done" || r.Attempts != 1 || r.LastError.Valid {
+				t.Errorf("row = %+v, want done by the new row's attempt 1 with no error", r)
+			}
+		})
+	}
+}
+
+// TestLeaseRenewalFencedAfterRowReplaced: a worker whose row was deleted and
+// claimed anew under the same token (1) finds its claim gone at its next
+// renewal, and does not extend the new claim's lease.
+func TestLeaseRenewalFencedAfterRowReplaced(t *testing.T) {
+	t.Parallel()
+	b := leaseSetup(t)
+	ev := leaseEvent("evt_renew_replaced")
+	// The first renewal comes after the row is replaced below (a renewal in
+	// between would find no row and say nothing of the fencing).
+	old := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 10 * time.Second, RenewEvery: time.Second, Work: b.chargeAndRecord("old")}, true)
+	old.claim(t)
+	if _, err := b.pool.Exec(t.Context(), "DELETE FROM txhook_processed_events WHERE source = 'test' AND event_key = $1", ev.Key); err != nil {
+		t.Fatal(err)
+	}
+	// The new claim does not renew, so its lease stays where the claim put it.
+	owner := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: time.Minute, RenewEvery: -1, Work: b.chargeAndRecord("owner")}, false)
+	if c := owner.claim(t); c.Token != 1 {
+		t.Fatalf("new owner's token = %d, want 1", c.Token)
+	}
+	claimed := b.row(t, ev.Key)
+
+	select {
+	case <-old.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("old worker's context did not end after its row was replaced")
+	}
+	if !errors.Is(old.cause, txhook.ErrLeaseLost) || !errors.Is(old.err, txhook.ErrLeaseLost) {
+		t.Errorf("old worker = %v, %v, context cause %v; want ErrLeaseLost", old.res, old.err, old.cause)
+	}
+	wantSameClaim(t, b.row(t, ev.Key), claimed)
+
+	owner.finish(t)
+	if owner.err != nil || owner.res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("new owner = %v, %v; want processed", owner.res, owner.err)
+	}
+	if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "owner" {
+		t.Errorf("effects = %v, want the new owner's only", got)
+	}
+}

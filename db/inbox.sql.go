@@ -19,7 +19,7 @@ SET status = 'in_progress',
     lease_expires_at = clock_timestamp() + $1::bigint * interval '1 millisecond'
 WHERE source = $2 AND event_key = $3
   AND (status = 'queued' OR (status = 'in_progress' AND lease_expires_at <= clock_timestamp()))
-RETURNING attempts, event_type, payload, payload_hash
+RETURNING attempts, claimed_at, event_type, payload, payload_hash
 `
 
 type ClaimQueuedEventParams struct {
@@ -30,19 +30,22 @@ type ClaimQueuedEventParams struct {
 
 type ClaimQueuedEventRow struct {
 	Attempts    int32
+	ClaimedAt   pgtype.Timestamptz
 	EventType   string
 	Payload     []byte
 	PayloadHash []byte
 }
 
 // Inbox mode's claim for a lease-mode handler: takes a queued event (fencing token: its
-// attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms. No row: the
-// event is settled, gone or held by a live claim.
+// attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms, and returns
+// the claim's claimed_at, which lease mode's writes are conditional on too. No row: the event is
+// settled, gone or held by a live claim.
 func (q *Queries) ClaimQueuedEvent(ctx context.Context, arg ClaimQueuedEventParams) (ClaimQueuedEventRow, error) {
 	row := q.db.QueryRow(ctx, claimQueuedEvent, arg.LeaseMs, arg.Source, arg.EventKey)
 	var i ClaimQueuedEventRow
 	err := row.Scan(
 		&i.Attempts,
+		&i.ClaimedAt,
 		&i.EventType,
 		&i.Payload,
 		&i.PayloadHash,

@@ -13,7 +13,7 @@ import (
 
 const claimEvent = `-- name: ClaimEvent :one
 SELECT claimed::boolean AS claimed, status::text AS status, attempts::integer AS attempts,
-       retry_after_ms::bigint AS retry_after_ms
+       retry_after_ms::bigint AS retry_after_ms, claimed_at::timestamptz AS claimed_at
 FROM txhook_claim_event(
     $1::text,
     $2::text,
@@ -42,6 +42,7 @@ type ClaimEventRow struct {
 	Status       string
 	Attempts     int32
 	RetryAfterMs int64
+	ClaimedAt    pgtype.Timestamptz
 }
 
 // Lease mode's claim; see txhook_claim_event in migrations.
@@ -62,6 +63,7 @@ func (q *Queries) ClaimEvent(ctx context.Context, arg ClaimEventParams) (ClaimEv
 		&i.Status,
 		&i.Attempts,
 		&i.RetryAfterMs,
+		&i.ClaimedAt,
 	)
 	return i, err
 }
@@ -70,18 +72,25 @@ const completeLease = `-- name: CompleteLease :execrows
 UPDATE txhook_processed_events
 SET status = 'done', completed_at = clock_timestamp(), lease_expires_at = NULL
 WHERE source = $1 AND event_key = $2
-  AND status = 'in_progress' AND attempts = $3
+  AND status = 'in_progress' AND attempts = $3 AND claimed_at = $4
 `
 
 type CompleteLeaseParams struct {
-	Source   string
-	EventKey string
-	Attempts int32
+	Source    string
+	EventKey  string
+	Attempts  int32
+	ClaimedAt pgtype.Timestamptz
 }
 
-// Marks the claim held with fencing token attempts done; no row: the claim is lost.
+// Marks the claim held with fencing token attempts, made at claimed_at, done; no row: the claim is
+// lost.
 func (q *Queries) CompleteLease(ctx context.Context, arg CompleteLeaseParams) (int64, error) {
-	result, err := q.db.Exec(ctx, completeLease, arg.Source, arg.EventKey, arg.Attempts)
+	result, err := q.db.Exec(ctx, completeLease,
+		arg.Source,
+		arg.EventKey,
+		arg.Attempts,
+		arg.ClaimedAt,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -93,7 +102,7 @@ UPDATE txhook_processed_events
 SET status = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
     last_error = $1, payload = coalesce(payload, $2::bytea)
 WHERE source = $3 AND event_key = $4
-  AND status = 'in_progress' AND attempts = $5
+  AND status = 'in_progress' AND attempts = $5 AND claimed_at = $6
 `
 
 type FailLeaseParams struct {
@@ -102,10 +111,12 @@ type FailLeaseParams struct {
 	Source    string
 	EventKey  string
 	Attempts  int32
+	ClaimedAt pgtype.Timestamptz
 }
 
-// Records the claim held with fencing token attempts as failed for good (a permanent error), with
-// the payload when the claim did not store it, so that the dead letter can be replayed.
+// Records the claim held with fencing token attempts, made at claimed_at, as failed for good (a
+// permanent error), with the payload when the claim did not store it, so that the dead letter
+// can be replayed.
 func (q *Queries) FailLease(ctx context.Context, arg FailLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, failLease,
 		arg.LastError,
@@ -113,6 +124,7 @@ func (q *Queries) FailLease(ctx context.Context, arg FailLeaseParams) (int64, er
 		arg.Source,
 		arg.EventKey,
 		arg.Attempts,
+		arg.ClaimedAt,
 	)
 	if err != nil {
 		return 0, err
@@ -124,7 +136,7 @@ const releaseLease = `-- name: ReleaseLease :execrows
 UPDATE txhook_processed_events
 SET lease_expires_at = clock_timestamp(), last_error = $1
 WHERE source = $2 AND event_key = $3
-  AND status = 'in_progress' AND attempts = $4
+  AND status = 'in_progress' AND attempts = $4 AND claimed_at = $5
 `
 
 type ReleaseLeaseParams struct {
@@ -132,16 +144,18 @@ type ReleaseLeaseParams struct {
 	Source    string
 	EventKey  string
 	Attempts  int32
+	ClaimedAt pgtype.Timestamptz
 }
 
-// Ends the claim held with fencing token attempts at once, recording why, so that the next
-// delivery can claim the key without waiting for the lease to run out.
+// Ends the claim held with fencing token attempts, made at claimed_at, at once, recording why, so
+// that the next delivery can claim the key without waiting for the lease to run out.
 func (q *Queries) ReleaseLease(ctx context.Context, arg ReleaseLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, releaseLease,
 		arg.LastError,
 		arg.Source,
 		arg.EventKey,
 		arg.Attempts,
+		arg.ClaimedAt,
 	)
 	if err != nil {
 		return 0, err
@@ -153,23 +167,26 @@ const renewLease = `-- name: RenewLease :execrows
 UPDATE txhook_processed_events
 SET lease_expires_at = clock_timestamp() + $1::bigint * interval '1 millisecond'
 WHERE source = $2 AND event_key = $3
-  AND status = 'in_progress' AND attempts = $4
+  AND status = 'in_progress' AND attempts = $4 AND claimed_at = $5
 `
 
 type RenewLeaseParams struct {
-	LeaseMs  int64
-	Source   string
-	EventKey string
-	Attempts int32
+	LeaseMs   int64
+	Source    string
+	EventKey  string
+	Attempts  int32
+	ClaimedAt pgtype.Timestamptz
 }
 
-// Extends the claim held with fencing token attempts; no row: the claim is lost.
+// Extends the claim held with fencing token attempts, made at claimed_at (which tells it from a
+// claim of a later row under the same key); no row: the claim is lost. Leaves claimed_at as is.
 func (q *Queries) RenewLease(ctx context.Context, arg RenewLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, renewLease,
 		arg.LeaseMs,
 		arg.Source,
 		arg.EventKey,
 		arg.Attempts,
+		arg.ClaimedAt,
 	)
 	if err != nil {
 		return 0, err

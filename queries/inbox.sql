@@ -40,8 +40,9 @@ WHERE source = @source AND event_key = @event_key AND status = 'queued';
 
 -- name: ClaimQueuedEvent :one
 -- Inbox mode's claim for a lease-mode handler: takes a queued event (fencing token: its
--- attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms. No row: the
--- event is settled, gone or held by a live claim.
+-- attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms, and returns
+-- the claim's claimed_at, which lease mode's writes are conditional on too. No row: the event is
+-- settled, gone or held by a live claim.
 UPDATE txhook_processed_events
 SET status = 'in_progress',
     attempts = CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END,
@@ -49,7 +50,7 @@ SET status = 'in_progress',
     lease_expires_at = clock_timestamp() + sqlc.arg(lease_ms)::bigint * interval '1 millisecond'
 WHERE source = @source AND event_key = @event_key
   AND (status = 'queued' OR (status = 'in_progress' AND lease_expires_at <= clock_timestamp()))
-RETURNING attempts, event_type, payload, payload_hash;
+RETURNING attempts, claimed_at, event_type, payload, payload_hash;
 
 -- name: QueueStats :one
 -- The number of queued events and when the oldest of them was accepted.
