@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/engine"
@@ -140,7 +141,7 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 		LockTimeout:   fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
 	})
 	switch {
-	case isLockTimeout(err):
+	case isReplayWait(err):
 		return fmt.Errorf("check replay: %w", errors.Join(ErrReplayInFlight, err))
 	case err != nil:
 		return fmt.Errorf("check replay: %w", err)
@@ -167,4 +168,15 @@ func (g *ReplayGuard) claimGuarded(ctx context.Context, p *Processor, ev Event, 
 		}
 		return fn(ctx, db.New(tx))
 	}}))
+}
+
+// sqlstateReplayWait is the SQLSTATE with which txhook_find_replay answers
+// a wait for the body's lock past the guard's LockTimeout.
+const sqlstateReplayWait = "P0T02"
+
+// isReplayWait reports whether err is the guard's wait for the body's lock
+// running out: the delivery of the same body is in flight.
+func isReplayWait(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == sqlstateReplayWait
 }

@@ -109,9 +109,10 @@ type Config struct {
 	// (a duplicate never waits long on a business row the first delivery
 	// holds); when the key is new and one of them hits that bound, the
 	// attempt runs again with the dedupe step first and the handler's own
-	// setting. A lock_not_available of the handler's own (NOWAIT, or a
-	// lock_timeout set inside a function, as ReplayGuard's check does) is
-	// not a hit of the bound: the handler's error, answered once. Use it
+	// setting. A NOWAIT's refusal is not a hit of the bound: the handler's
+	// error, answered once (a lock_timeout the handler's own function sets
+	// cannot be told from the bound, and runs the attempt again; the
+	// ReplayGuard's check answers with its own error). Use it
 	// for handlers that do nothing but decode, check and write through tx
 	// (what a transactional handler should do): code before their first
 	// statement runs for every delivery. A handler's first

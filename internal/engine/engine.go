@@ -94,8 +94,7 @@ type Spec struct {
 	// by LockTimeout; later ones run with the session's own setting. When
 	// First lets the run go on and one of them waited on a lock past that
 	// bound, the attempt runs again with First on its own; a statement that
-	// refused to wait (NOWAIT) or ran out a lock_timeout a function set
-	// fails the run as it is.
+	// refused to wait (NOWAIT) fails the run as it is.
 	WithFirstStatement bool
 	// LockTimeout is the lock_timeout (PostgreSQL's syntax, "2000ms") of
 	// Body's statements sent with First under WithFirstStatement.
@@ -180,11 +179,10 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 		}
 		if tx.boundHit && withFirstStatement {
 			// The key is new, but the body's first statement waited on a
-			// lock longer than the first step's bound (a lock_timeout at the
-			// statement's own level, see boundCut): run the attempt again
+			// lock longer than the first step's bound (a lock_timeout that
+			// ran out, see boundCut): run the attempt again
 			// with the first step on its own, under the session's setting.
-			// A NOWAIT or a function's own lock_timeout is the statement's
-			// error, answered as it is.
+			// A NOWAIT is the statement's error, answered as it is.
 			withFirstStatement = false
 			attempt--
 			continue

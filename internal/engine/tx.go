@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -533,18 +532,14 @@ func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []s
 
 // boundCut reports whether err, the error of a statement sent under the
 // first step's bound, may be the bound cutting its lock wait short: a
-// lock_timeout that ran out (raised where the server checks for timeouts,
-// not a NOWAIT's refusal, which fails at once whatever the bound) in a
-// statement at its own level (its context names no function: a function
-// can set its own lock_timeout over the bound, as the replay guard's does).
-// Without the bound, such a statement could have waited longer; any other
-// lock_not_available is the statement's own, and is answered as it is. A
-// bound hit inside a function is answered as it is too: a rerun could not
-// tell it from the function's own timeout, and would repeat its wait.
+// lock_timeout that ran out (raised where the server checks for timeouts;
+// a NOWAIT's refusal fails at once, whatever the bound, and is the
+// statement's own). Without the bound, such a statement could have waited
+// longer. txhook's own functions that set their own lock_timeout answer
+// with SQLSTATEs of their own (the replay guard's P0T02), not 55P03.
 func boundCut(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == "55P03" && pgErr.Routine == "ProcessInterrupts" &&
-		!strings.Contains(pgErr.Where, "function")
+	return ok && pgErr.Code == "55P03" && pgErr.Routine == "ProcessInterrupts"
 }
 
 // send sends the deferred statements and then, when cur is not nil, cur, in
