@@ -175,8 +175,11 @@ func (g *ReplayGuard) claimGuarded(ctx context.Context, p *Processor, ev Event, 
 const sqlstateReplayWait = "P0T02"
 
 // isReplayWait reports whether err is the guard's wait for the body's lock
-// running out: the delivery of the same body is in flight.
+// running out (its own bound, or the session's statement_timeout): the
+// delivery of the same body is in flight.
 func isReplayWait(err error) bool {
-	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && pgErr.Code == sqlstateReplayWait
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == sqlstateReplayWait {
+		return true
+	}
+	return isLockTimeout(err)
 }
