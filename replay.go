@@ -20,8 +20,9 @@ var (
 	ErrNoPayload = errors.New("txhook: event has no stored payload")
 	// ErrNoHandler: the lookup has no handler for the event's type.
 	ErrNoHandler = errors.New("txhook: no handler for event type")
-	// ErrNotFailed: the event is in progress (held by a lease-mode delivery),
-	// not failed.
+	// ErrNotFailed: the event is not failed: in progress (held by a
+	// lease-mode delivery, and the Replayer knows no lease handler for its
+	// type) or queued (inbox mode: its job applies it).
 	ErrNotFailed = errors.New("txhook: event is not failed")
 )
 
@@ -101,7 +102,10 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 // with Processor.ReplayLease instead, under a new claim (one more attempt);
 // its outcomes are those of ProcessLease. A handler error that is not
 // permanent is returned and the event stays failed, with the new error, for
-// a later replay.
+// a later replay. A lease-mode event left in progress with its lease ended
+// (its worker died, or released the claim after an error and the sender
+// never retried) is replayed the same way, its claim taken over; while a
+// claim is live the result is OutcomeInFlight and nothing ran.
 func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, error) {
 	if r.leaseLookup != nil {
 		if res, ok, err := r.replayLease(ctx, source, key); ok {
@@ -139,8 +143,10 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 	return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
 }
 
-// replayLease replays a failed event of a lease-mode type. ok is false when
-// the event is not one: the transactional path then decides.
+// replayLease replays a failed event of a lease-mode type, or one whose
+// claim was abandoned (in progress, its lease ended): ReplayLease takes the
+// claim over, or answers in flight while it is live. ok is false when the
+// event is not one: the transactional path then decides.
 func (r *Replayer) replayLease(ctx context.Context, source, key string) (res Result, ok bool, err error) {
 	var row db.TxhookProcessedEvent
 	err = RunTx(ctx, r.db, &TxOptions{AccessMode: pgx.ReadOnly, FinishTimeout: r.run.FinishTimeout},
@@ -149,8 +155,8 @@ func (r *Replayer) replayLease(ctx context.Context, source, key string) (res Res
 			row, err = db.New(tx).GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
 			return err
 		})
-	if err != nil || row.Status != statusFailed {
-		return Result{}, false, nil // not found, or not failed: as the transactional path says
+	if err != nil || (row.Status != statusFailed && row.Status != statusInProgress) {
+		return Result{}, false, nil // not found, or neither failed nor claimed: as the transactional path says
 	}
 	if _, isTx := r.lookup(row.EventType); isTx {
 		return Result{}, false, nil

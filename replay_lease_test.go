@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -136,5 +137,66 @@ func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 				t.Errorf("effects = %d, want 1", n)
 			}
 		})
+	}
+}
+
+// A lease-mode event left in progress with its claim released (the handler
+// failed with a transient error and the sender never retried) is not a dead
+// letter, but a replayer with the lease lookup takes its claim over and
+// applies it once; a live claim is answered in flight, and nothing runs.
+func TestReplayerTakesOverAbandonedLeaseClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{StorePayload: true})
+	ev := event("evt_lease_abandoned")
+	fail := true
+	var runs int
+	lh := txhook.LeaseHandler{Lease: time.Minute, Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+		runs++
+		if fail {
+			return nil, errors.New("carrier API answered 503")
+		}
+		return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
+	}}
+	if _, err := p.ProcessLease(t.Context(), ev, lh); err == nil {
+		t.Fatal("ProcessLease succeeded, want the handler's error")
+	}
+	r, err := txhook.NewReplayer(b.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
+		&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A live claim: held by another delivery.
+	if _, err := b.pool.Exec(t.Context(), `UPDATE txhook_processed_events SET lease_expires_at = now() + interval '1 minute'
+		WHERE event_key = $1`, ev.Key); err != nil {
+		t.Fatal(err)
+	}
+	runs = 0
+	if res, err := r.Replay(t.Context(), ev.Source, ev.Key); err != nil || res.Outcome != txhook.OutcomeInFlight || runs != 0 {
+		t.Fatalf("Replay of a live claim = %v, %v, handler runs %d; want in flight, none", res.Outcome, err, runs)
+	}
+
+	// Abandoned: the lease has ended.
+	if _, err := b.pool.Exec(t.Context(), `UPDATE txhook_processed_events SET lease_expires_at = now() - interval '1 second'
+		WHERE event_key = $1`, ev.Key); err != nil {
+		t.Fatal(err)
+	}
+	fail = false
+	if res, err := r.Replay(t.Context(), ev.Source, ev.Key); err != nil || res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("Replay of an abandoned claim = %v, %v; want processed", res.Outcome, err)
+	}
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+	rec, err := txhook.GetEventRecord(t.Context(), b.pool, ev.Source, ev.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != txhook.StatusDone || rec.Attempts != 2 {
+		t.Errorf("row = %s, attempt %d; want done under the second token", rec.Status, rec.Attempts)
+	}
+	if res, err := r.Replay(t.Context(), ev.Source, ev.Key); err != nil || res.Outcome != txhook.OutcomeDuplicate {
+		t.Errorf("Replay once done = %v, %v; want duplicate", res.Outcome, err)
 	}
 }

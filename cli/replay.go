@@ -64,7 +64,9 @@ const replayUsage = `replay [--dry-run] SOURCE KEY
 
 Runs failed events (dead letters) again through the application's handlers,
 each in its own transaction, exactly once: the handler's writes and the event's
-new status commit together. --dry-run lists what would be replayed.`
+new status commit together. SOURCE KEY may also name a lease-mode event left in
+progress with its lease ended: its claim is taken over. --dry-run lists what
+would be replayed.`
 
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("replay", replayUsage)
