@@ -22,30 +22,7 @@ import (
 // and completes.
 func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 	t.Parallel()
-	errCommit := errors.New("ledger rejected the entry")
-	for _, tc := range []struct {
-		name   string
-		commit func(key string) txhook.TxFunc // the stale worker's phase two
-	}{
-		{"done mark only", func(string) txhook.TxFunc { return nil }},
-		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
-		{"business writes then error", func(key string) txhook.TxFunc {
-			return func(ctx context.Context, tx pgx.Tx) error {
-				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
-					return err
-				}
-				return errCommit
-			}
-		}},
-		{"business writes then permanent error", func(key string) txhook.TxFunc {
-			return func(ctx context.Context, tx pgx.Tx) error {
-				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
-					return err
-				}
-				return txhook.Permanent(errCommit)
-			}
-		}},
-	} {
+	for _, tc := range stalePhaseTwos() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
@@ -148,30 +125,7 @@ func wantSameClaim(t *testing.T, got, want db.TxhookProcessedEvent) {
 // matches: nothing of it commits, and the new claim completes.
 func TestLeaseStaleWorkerFencedAfterDiscard(t *testing.T) {
 	t.Parallel()
-	errCommit := errors.New("ledger rejected the entry")
-	for _, tc := range []struct {
-		name   string
-		commit func(key string) txhook.TxFunc // the stale worker's phase two
-	}{
-		{"done mark only", func(string) txhook.TxFunc { return nil }},
-		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
-		{"business writes then error", func(key string) txhook.TxFunc {
-			return func(ctx context.Context, tx pgx.Tx) error {
-				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
-					return err
-				}
-				return errCommit
-			}
-		}},
-		{"business writes then permanent error", func(key string) txhook.TxFunc {
-			return func(ctx context.Context, tx pgx.Tx) error {
-				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
-					return err
-				}
-				return txhook.Permanent(errCommit)
-			}
-		}},
-	} {
+	for _, tc := range stalePhaseTwos() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
@@ -285,5 +239,35 @@ func TestLeaseRenewalFencedAfterRowReplaced(t *testing.T) {
 	}
 	if got := b.effects(t, ev.Key); len(got) != 1 || got[0] != "owner" {
 		t.Errorf("effects = %v, want the new owner's only", got)
+	}
+}
+
+// stalePhaseTwo is a phase two a stale worker may reach: every write of it
+// must miss a newer claim.
+type stalePhaseTwo struct {
+	name   string
+	commit func(key string) txhook.TxFunc
+}
+
+// stalePhaseTwos are the phase twos of the fencing tests: the done mark
+// alone, business writes, and business writes followed by an error (the
+// release) or a permanent one (the failure record).
+func stalePhaseTwos() []stalePhaseTwo {
+	errCommit := errors.New("ledger rejected the entry")
+	fails := func(cause error) func(key string) txhook.TxFunc {
+		return func(key string) txhook.TxFunc {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := recordEffect(key, "stale")(ctx, tx); err != nil {
+					return err
+				}
+				return cause
+			}
+		}
+	}
+	return []stalePhaseTwo{
+		{"done mark only", func(string) txhook.TxFunc { return nil }},
+		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
+		{"business writes then error", fails(errCommit)},
+		{"business writes then permanent error", fails(txhook.Permanent(errCommit))},
 	}
 }
