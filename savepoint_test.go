@@ -218,3 +218,61 @@ func TestRefusedStatementNotSentAgain(t *testing.T) {
 	}
 	wantTrips(t, tr, "refused first batch", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", sql, "LockTimeoutRestored"}})
 }
+
+// Savepoints a handler opens inside each other have names of their own: the
+// outer one's rollback undoes its writes although the inner one was left
+// open (as with pgx's own savepoints).
+func TestHandlerSavepointsInsideEachOther(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, noMemory)
+	mustProcess(t, p, event("evt_nested_savepoints"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		outer, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := outer.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'outer')", ev.Key); err != nil {
+			return err
+		}
+		inner, err := outer.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := inner.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'inner')", ev.Key); err != nil {
+			return err
+		}
+		return outer.Rollback(ctx) // inner left open: rolled back with it
+	}, txhook.OutcomeProcessed)
+	if n := b.effects(t, "evt_nested_savepoints"); n != 0 {
+		t.Errorf("effects = %d after the outer savepoint rolled back, want 0", n)
+	}
+}
+
+// Under DedupeWithFirstStatement, a handler whose first statement opens a
+// savepoint that it then rolls back keeps the session's lock_timeout: the
+// first step's bound is restored outside the savepoint.
+func TestHandlerSavepointKeepsLockTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, RecentKeys: -1})
+	var before, after string
+	if err := b.pool.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	mustProcess(t, p, event("evt_savepoint_bound"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := sp.Exec(ctx, "SELECT 1/0"); err == nil {
+			return errors.New("division by zero succeeded")
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&after)
+	}, txhook.OutcomeProcessed)
+	if after != before {
+		t.Errorf("lock_timeout after the handler's savepoint rolled back = %q, want the session's %q", after, before)
+	}
+}

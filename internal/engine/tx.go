@@ -340,6 +340,16 @@ func statementRefused(err error) bool {
 // caller's transaction: the savepoint must exist by then for the run to
 // roll back to it.
 func (t *Tx) savepointBatch(ctx context.Context, queue func(b *pgx.Batch)) (pgx.BatchResults, bool, error) {
+	if p, ok := t.parent.(*Tx); ok && !p.open && p.bound != "" {
+		// The enclosing run's first batch goes out on its own first: sent
+		// in it, SAVEPOINT would run before the batch restores the first
+		// step's bound, and rolling the savepoint back would undo the
+		// restore, leaving the bound on for the rest of the transaction.
+		p.begin(ctx, nil, 0)
+		if err := p.err(); err != nil {
+			return nil, false, err
+		}
+	}
 	t.under = t.parent
 	if _, err := t.parent.Exec(ctx, "savepoint "+t.savepointName()); err != nil {
 		return nil, t.connClosed(), err
@@ -933,7 +943,7 @@ func (t *Tx) Begin(context.Context) (pgx.Tx, error) {
 	if err := t.err(); err != nil {
 		return nil, err
 	}
-	return &Tx{kind: inSavepoint, parent: t}, nil
+	return &Tx{kind: inSavepoint, parent: t, depth: depthIn(t)}, nil
 }
 
 // LargeObjects implements pgx.Tx. It sends what is pending first.
