@@ -202,6 +202,11 @@ type LeaseInfo struct {
 	Attempts       int       `json:"attempts"`
 	ClaimedAt      time.Time `json:"claimed_at"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	// ClaimedAge is how long ago the claim was taken, and LeaseLeft how long
+	// its lease has left (negative once it has ended), both on the
+	// database's clock, which set the two times above.
+	ClaimedAge time.Duration `json:"claimed_age"`
+	LeaseLeft  time.Duration `json:"lease_left"`
 }
 
 // Stats summarises the events table.
@@ -254,6 +259,8 @@ func ReadStats(ctx context.Context, q Querier) (Stats, error) {
 		s.OldestInProgress = &LeaseInfo{
 			Source: o.Source, Key: o.EventKey, Attempts: int(o.Attempts),
 			ClaimedAt: o.ClaimedAt.Time, LeaseExpiresAt: o.LeaseExpiresAt.Time,
+			ClaimedAge: time.Duration(o.ClaimedAgeMs) * time.Millisecond,
+			LeaseLeft:  time.Duration(o.LeaseLeftMs) * time.Millisecond,
 		}
 	}
 	if err := s.readQueue(ctx, q); err != nil {

@@ -107,5 +107,8 @@ func TestReadStats(t *testing.T) {
 	}
 	if o := s.OldestInProgress; o == nil || o.Key != "old-1" || time.Since(o.ClaimedAt) < 3*time.Hour-time.Minute {
 		t.Errorf("oldest in progress = %+v, want old-1 claimed 3h ago", o)
+	} else if d := o.ClaimedAge - 3*time.Hour; d < 0 || d > time.Minute ||
+		(o.LeaseLeft-(o.LeaseExpiresAt.Sub(o.ClaimedAt)-o.ClaimedAge)).Abs() > 2*time.Millisecond {
+		t.Errorf("oldest in progress: claimed %v ago, lease left %v; want 3h ago on the database's clock, and the lease's end that much after the claim", o.ClaimedAge, o.LeaseLeft)
 	}
 }

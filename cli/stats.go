@@ -83,13 +83,13 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	}
 	fmt.Fprintln(c.stdout)
 	if o := s.OldestInProgress; o != nil {
-		now := time.Now()
-		lease := "expires in " + now.Sub(o.LeaseExpiresAt).Abs().Round(time.Second).String()
-		if !o.LeaseExpiresAt.After(now) {
-			lease = "expired " + now.Sub(o.LeaseExpiresAt).Round(time.Second).String() + " ago"
+		// Ages on the database's clock, which stamped the claim.
+		lease := "expires in " + o.LeaseLeft.Round(time.Second).String()
+		if o.LeaseLeft <= 0 {
+			lease = "expired " + (-o.LeaseLeft).Round(time.Second).String() + " ago"
 		}
 		fmt.Fprintf(c.stdout, "oldest in-progress lease: %s %s, claimed %s ago (attempt %d), lease %s\n",
-			cell(o.Source, 40), cell(o.Key, 60), now.Sub(o.ClaimedAt).Round(time.Second), o.Attempts, lease)
+			cell(o.Source, 40), cell(o.Key, 60), o.ClaimedAge.Round(time.Second), o.Attempts, lease)
 	} else {
 		fmt.Fprintln(c.stdout, "oldest in-progress lease: none")
 	}

@@ -269,7 +269,9 @@ func (q *Queries) MarkReplayed(ctx context.Context, arg MarkReplayedParams) (int
 }
 
 const oldestInProgress = `-- name: OldestInProgress :many
-SELECT source, event_key, attempts, claimed_at, lease_expires_at
+SELECT source, event_key, attempts, claimed_at, lease_expires_at,
+       (extract(epoch FROM now() - claimed_at) * 1000)::bigint AS claimed_age_ms,
+       (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint AS lease_left_ms
 FROM txhook_processed_events
 WHERE status = 'in_progress'
 ORDER BY claimed_at, source, event_key
@@ -282,9 +284,12 @@ type OldestInProgressRow struct {
 	Attempts       int32
 	ClaimedAt      pgtype.Timestamptz
 	LeaseExpiresAt pgtype.Timestamptz
+	ClaimedAgeMs   int64
+	LeaseLeftMs    int64
 }
 
-// The in-progress row claimed longest ago, if any.
+// The in-progress row claimed longest ago, if any, with how long ago it was claimed and how long
+// its lease has left (negative: ended), on the database's clock.
 func (q *Queries) OldestInProgress(ctx context.Context) ([]OldestInProgressRow, error) {
 	rows, err := q.db.Query(ctx, oldestInProgress)
 	if err != nil {
@@ -300,6 +305,8 @@ func (q *Queries) OldestInProgress(ctx context.Context) ([]OldestInProgressRow, 
 			&i.Attempts,
 			&i.ClaimedAt,
 			&i.LeaseExpiresAt,
+			&i.ClaimedAgeMs,
+			&i.LeaseLeftMs,
 		); err != nil {
 			return nil, err
 		}

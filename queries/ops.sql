@@ -70,8 +70,11 @@ GROUP BY source, status
 ORDER BY source, status;
 
 -- name: OldestInProgress :many
--- The in-progress row claimed longest ago, if any.
-SELECT source, event_key, attempts, claimed_at, lease_expires_at
+-- The in-progress row claimed longest ago, if any, with how long ago it was claimed and how long
+-- its lease has left (negative: ended), on the database's clock.
+SELECT source, event_key, attempts, claimed_at, lease_expires_at,
+       (extract(epoch FROM now() - claimed_at) * 1000)::bigint AS claimed_age_ms,
+       (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint AS lease_left_ms
 FROM txhook_processed_events
 WHERE status = 'in_progress'
 ORDER BY claimed_at, source, event_key
