@@ -45,6 +45,12 @@ type Config struct {
 	// ChartHours is how many hours the overview's chart of events settled
 	// per minute covers. Defaults to 3; at most 24.
 	ChartHours int
+	// CSRFKey signs the token that every write form carries (at least 32
+	// bytes). Every instance serving the console behind one address needs
+	// the same key: a form one instance rendered is refused by another
+	// with a different key. Defaults to a random key per process, which
+	// suits one instance (or sticky sessions).
+	CSRFKey []byte
 }
 
 // Handler is the console, an http.Handler. Mount it with http.StripPrefix
@@ -60,7 +66,8 @@ type Handler struct {
 }
 
 // New returns the console for the events table in db (a *pgxpool.Pool, for
-// example). It panics if db is nil.
+// example). It panics if db is nil or Config.CSRFKey is set but shorter than
+// 32 bytes.
 func New(db txhook.Querier, cfg *Config) *Handler {
 	if db == nil {
 		panic("admin: New: nil database")
@@ -83,8 +90,14 @@ func New(db txhook.Querier, cfg *Config) *Handler {
 		c.ChartHours = 3
 	}
 	c.ChartHours = min(c.ChartHours, 24)
-	key := make([]byte, 32)
-	rand.Read(key) // never returns an error
+	key := c.CSRFKey
+	switch {
+	case len(key) == 0:
+		key = make([]byte, 32)
+		rand.Read(key) // never returns an error
+	case len(key) < 32:
+		panic("admin: Config.CSRFKey is shorter than 32 bytes")
+	}
 	h := &Handler{db: db, cfg: c, csrfKey: key, pages: parsePages(), cop: http.NewCrossOriginProtection()}
 
 	mux := http.NewServeMux()

@@ -426,6 +426,8 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
+	payload := e.Payload
+	e.Payload = nil // the page shows d.Payload only: hidden stays hidden
 	d := eventData{E: e, Now: time.Now(), HidePayloads: h.cfg.HidePayloads}
 	switch {
 	case !e.HasPayload:
@@ -433,9 +435,8 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	case h.cfg.HidePayloads:
 		d.PayloadNote = fmt.Sprintf("%d bytes, hidden by the console's configuration", e.PayloadSize)
 	default:
-		d.Payload, d.PayloadNote = showPayload(e.Payload)
+		d.Payload, d.PayloadNote = showPayload(payload)
 	}
-	e.Payload = nil
 	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
 		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
 			d.LeaseLeft = "ends in " + left.String()

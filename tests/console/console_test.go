@@ -592,3 +592,39 @@ func TestReadOnlyConsole(t *testing.T) {
 		t.Errorf("a read-only console changed something: ledger %d, status %s", n, s)
 	}
 }
+
+// Instances serving the console behind one address accept each other's
+// forms when they share Config.CSRFKey, and refuse them otherwise.
+func TestSharedCSRFKeyAcrossInstances(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	c := setup(t, admin.Config{AllowWrites: true, CSRFKey: key})
+	instance := func(cfg *admin.Config) string {
+		mux := http.NewServeMux()
+		mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(c.pool, cfg)))
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	same := instance(&admin.Config{AllowWrites: true, CSRFKey: key})
+	other := instance(&admin.Config{AllowWrites: true})
+
+	cl, token := formToken(t, c.url+"/txhook/dead-letters")
+	resp, err := cl.Get(c.url + "/txhook/dead-letters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ids := regexp.MustCompile(`name="one" value="([^"]+)"`).FindAllSubmatch(page, 2)
+	if len(ids) < 2 {
+		t.Fatalf("want two dead letters on the page, found %d", len(ids))
+	}
+	// The cookie jar keeps cookies per host, not port: both instances get
+	// the first one's CSRF cookie, as instances behind one address would.
+	if code, body := post(t, cl, other+"/txhook/discard", url.Values{"csrf": {token}, "one": {string(ids[0][1])}}); code != http.StatusForbidden {
+		t.Errorf("form posted to an instance with another key: %d %q, want 403", code, body)
+	}
+	if code, body := post(t, cl, same+"/txhook/discard", url.Values{"csrf": {token}, "one": {string(ids[1][1])}}); code != http.StatusOK {
+		t.Errorf("form posted to an instance with the same key: %d %q, want 200", code, body)
+	}
+}
