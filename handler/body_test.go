@@ -154,8 +154,8 @@ func TestBodyReadDeadline(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("status %d, want 400", resp.StatusCode)
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("status %d, want 408", resp.StatusCode)
 	}
 	// The server then closes the connection: the next read ends, with EOF
 	// or, when the trickling client's write crossed the close, a reset.

@@ -50,7 +50,7 @@
 //	malformed body, missing or invalid key       400 {"error":"bad_request",...}
 //	body over Config.MaxBodyBytes                413
 //	GitHub form-encoded delivery                 415 (webhook content type must be application/json)
-//	body not received within BodyReadTimeout     400
+//	body not received within BodyReadTimeout     408 {"error":"timeout",...}
 //	method other than POST                       405 + Allow: POST
 //	handler error                                500
 //	database unreachable, commit outcome unknown 503

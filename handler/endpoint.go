@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -72,7 +73,7 @@ type Config struct {
 	MaxBodyBytes int64
 	// BodyReadTimeout bounds reading the body: the endpoint sets the
 	// connection's read deadline (http.ResponseController) before it
-	// reads, and a body not received in time is answered 400 and its
+	// reads, and a body not received in time is answered 408 and its
 	// connection closed. It complements, and does not replace, the
 	// server's ReadHeaderTimeout, ReadTimeout and WriteTimeout. Defaults
 	// to DefaultBodyReadTimeout; a negative value sets no deadline.
@@ -325,6 +326,9 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) re
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return reply{outcome: AnswerTooLarge, status: http.StatusRequestEntityTooLarge, err: err}
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return reply{outcome: AnswerTimeout, status: http.StatusRequestTimeout, err: fmt.Errorf("read body: %w", err)}
+		}
 		return reply{outcome: AnswerBadRequest, status: http.StatusBadRequest, err: fmt.Errorf("read body: %w", err)}
 	}
 	if err := e.provider.Verify(r.Header, body, e.now()); err != nil {
@@ -454,6 +458,7 @@ func retrySeconds(d time.Duration) int64 {
 var messages = map[Answer]string{
 	AnswerMethodNotAllowed:     "use POST",
 	AnswerTooLarge:             "body too large",
+	AnswerTimeout:              "body not received in time",
 	AnswerUnsupportedMediaType: "form-encoded deliveries are not accepted: set the webhook's content type to application/json",
 	AnswerBadSignature:         "signature missing or invalid",
 	AnswerStaleTimestamp:       "timestamp missing or outside tolerance",
@@ -495,7 +500,7 @@ type bodyKey struct {
 var answerBodies = func() map[bodyKey][]byte {
 	all := []Answer{
 		AnswerProcessed, AnswerQueued, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
-		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge, AnswerUnsupportedMediaType,
+		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge, AnswerTimeout, AnswerUnsupportedMediaType,
 		AnswerBadSignature, AnswerStaleTimestamp, AnswerBadRequest, AnswerError,
 		AnswerUnavailable,
 	}

@@ -21,6 +21,7 @@ const (
 	AnswerInFlight             Answer = "in_flight"              // 409 or 503: held by another delivery
 	AnswerMethodNotAllowed     Answer = "method_not_allowed"     // 405
 	AnswerTooLarge             Answer = "too_large"              // 413
+	AnswerTimeout              Answer = "timeout"                // 408: body not received within BodyReadTimeout
 	AnswerUnsupportedMediaType Answer = "unsupported_media_type" // 415: GitHub delivery form-encoded, not JSON
 	AnswerBadSignature         Answer = "bad_signature"          // 400: missing or wrong signature
 	AnswerStaleTimestamp       Answer = "stale_timestamp"        // 400: signed timestamp out of tolerance
