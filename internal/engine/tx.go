@@ -32,12 +32,15 @@ const (
 
 // SQL the engine sends besides the caller's statements.
 const (
-	// boundSQL saves the session's lock_timeout and sets the first step's
-	// bound, for the body's statements sent before the first step answered.
-	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
+	// boundSQL saves the session's lock_timeout, sets the first step's
+	// bound, for the body's statements sent before the first step answered,
+	// and saves the bound as the server spells it (2000ms is 2s).
+	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('txhook.lock_timeout_bound', set_config('lock_timeout', $1, true), true)"
 	// unboundSQL restores the saved lock_timeout for the body's later
-	// statements.
-	unboundSQL = "-- name: LockTimeoutRestored\nselect set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)"
+	// statements, when the bound is still in force: a body statement sent
+	// with the first step that set lock_timeout itself (SET LOCAL
+	// lock_timeout) keeps its setting for the rest of the transaction.
+	unboundSQL = "-- name: LockTimeoutRestored\nselect case when current_setting('lock_timeout') = current_setting('txhook.lock_timeout_bound') then set_config('lock_timeout', current_setting('txhook.lock_timeout'), true) end"
 )
 
 // stmt is a statement sent in a batch: an Exec, or a QueryRow whose row is
