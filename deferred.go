@@ -11,7 +11,15 @@ import (
 // queues the statement and returns at once, with an empty command tag and a
 // nil error; the queued statements are sent, in order, with the
 // transaction's next statement or, at the latest, when it ends (with COMMIT,
-// or with RELEASE SAVEPOINT), in the same round trip. Its Query and QueryRow
+// or with RELEASE SAVEPOINT), in the same round trip. A statement belongs
+// to the transaction it was deferred on: deferred on tx while a savepoint
+// of tx is open (tx.Begin, RunNestedTx, ProcessTx on tx), it is not sent
+// with the savepoint's statements, and waits for tx's own next statement
+// or end, after the savepoint; it commits with tx whether the savepoint is
+// released or rolled back. (A statement sent through tx itself while its
+// savepoint is open runs inside the savepoint, as any statement on the
+// connection does, and so do the deferred statements sent with it.) Its
+// Query and QueryRow
 // need their answers: they run at once, after what is queued. Pass it to
 // the application's sqlc queries like tx itself:
 //

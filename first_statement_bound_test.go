@@ -213,3 +213,34 @@ func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
 		t.Errorf("answered after %v, want about the guard's LockTimeout %v (below %v)", elapsed, wait, limit)
 	}
 }
+
+// TestHandlerFirstStatementSetsLockTimeout: under DedupeWithFirstStatement,
+// a handler whose first statement (sent with the dedupe step, under its
+// bound) sets lock_timeout keeps its own setting for its later statements:
+// the session's is restored only while the bound is still in force.
+func TestHandlerFirstStatementSetsLockTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, RecentKeys: -1})
+	for _, tc := range []struct{ key, set string }{
+		{"evt_set_local", "SET LOCAL lock_timeout = '123ms'"},
+		{"evt_set_config", "SELECT set_config('lock_timeout', '123ms', true)"},
+	} {
+		var after string
+		mustProcess(t, p, event(tc.key), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+			if _, err := tx.Exec(ctx, tc.set); err != nil {
+				return err
+			}
+			if err := insertEffect(ctx, tx, ev); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&after)
+		}, txhook.OutcomeProcessed)
+		if after != "123ms" {
+			t.Errorf("%s: lock_timeout after the handler's own setting = %q, want 123ms", tc.set, after)
+		}
+		if n := b.effects(t, tc.key); n != 1 {
+			t.Errorf("%s: effects = %d, want 1", tc.set, n)
+		}
+	}
+}

@@ -112,7 +112,11 @@ type Config struct {
 	// setting. A NOWAIT's refusal is not a hit of the bound: the handler's
 	// error, answered once (a lock_timeout the handler's own function sets
 	// cannot be told from the bound, and runs the attempt again; the
-	// ReplayGuard's check answers with its own error). Use it
+	// ReplayGuard's check answers with its own error). The session's
+	// lock_timeout is back in force for the statements after those; a
+	// handler whose first statement sets lock_timeout itself (SET LOCAL
+	// lock_timeout) keeps its own setting, unless it sets the bound's
+	// value. Use it
 	// for handlers that do nothing but decode, check and write through tx
 	// (what a transactional handler should do): code before their first
 	// statement runs for every delivery. A handler's first

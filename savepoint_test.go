@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
 // TestProcessTxHandlerSavepointLeftOpen: a handler that leaves a savepoint
@@ -241,7 +242,15 @@ func TestHandlerSavepointsInsideEachOther(t *testing.T) {
 		if _, err := inner.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'inner')", ev.Key); err != nil {
 			return err
 		}
-		return outer.Rollback(ctx) // inner left open: rolled back with it
+		if err := outer.Rollback(ctx); err != nil { // inner left open: rolled back with it
+			return err
+		}
+		// The inner savepoint ended with the outer one: its statements
+		// are refused, not run in the handler's transaction.
+		if _, err := inner.Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'late')", ev.Key); err == nil {
+			return errors.New("a statement in a savepoint whose enclosing savepoint ended succeeded")
+		}
+		return nil
 	}, txhook.OutcomeProcessed)
 	if n := b.effects(t, "evt_nested_savepoints"); n != 0 {
 		t.Errorf("effects = %d after the outer savepoint rolled back, want 0", n)
@@ -274,5 +283,84 @@ func TestHandlerSavepointKeepsLockTimeout(t *testing.T) {
 	}, txhook.OutcomeProcessed)
 	if after != before {
 		t.Errorf("lock_timeout after the handler's savepoint rolled back = %q, want the session's %q", after, before)
+	}
+}
+
+// TestDeferredOutsideWhileSavepointOpen: a statement deferred on the
+// handler's transaction while a savepoint of it is open belongs to that
+// transaction: the savepoint's statements do not carry it, so it commits
+// with the transaction whether the savepoint is released or rolled back,
+// and it is sent once, after the savepoint has ended.
+func TestDeferredOutsideWhileSavepointOpen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
+	p, err := txhook.NewProcessor(pool, noMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		nestedSQL = "insert into effects (event_key, note) values ($1, 'nested')"
+		outerSQL  = "insert into effects (event_key, note) values ($1, 'outer')"
+	)
+	failed := errors.New("nested part failed")
+	// nested inserts in sp, defers an insert on tx, then sends last.
+	nested := func(ctx context.Context, tx, sp pgx.Tx, key, last string) error {
+		if _, err := sp.Exec(ctx, nestedSQL, key); err != nil {
+			return err
+		}
+		if _, err := txhook.Deferred(tx).Exec(ctx, outerSQL, key); err != nil {
+			return err
+		}
+		if _, err := sp.Exec(ctx, last); err != nil {
+			return failed
+		}
+		return nil
+	}
+	runs := map[string]func(ctx context.Context, tx pgx.Tx, key, last string) error{
+		"RunNestedTx": func(ctx context.Context, tx pgx.Tx, key, last string) error {
+			return txhook.RunNestedTx(ctx, tx, func(ctx context.Context, sp pgx.Tx) error {
+				return nested(ctx, tx, sp, key, last)
+			})
+		},
+		"handler savepoint": func(ctx context.Context, tx pgx.Tx, key, last string) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := nested(ctx, tx, sp, key, last); err != nil {
+				if rerr := sp.Rollback(ctx); rerr != nil {
+					return rerr
+				}
+				return err
+			}
+			return sp.Commit(ctx)
+		},
+	}
+	for name, run := range runs {
+		for _, c := range []struct {
+			last, end string
+			nested    int
+		}{
+			{"select 1 / 0", "rollback to savepoint txhook_1; release savepoint txhook_1", 0},
+			{"select 1", "release savepoint txhook_1", 1},
+		} {
+			key := "evt_" + strings.ReplaceAll(name, " ", "_") + "_" + strings.ReplaceAll(c.last, " ", "")
+			tr.Take()
+			mustProcess(t, p, event(key), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+				if err := run(ctx, tx, ev.Key, c.last); err != nil && !errors.Is(err, failed) {
+					return err
+				}
+				return nil
+			}, txhook.OutcomeProcessed)
+			for note, want := range map[string]int{"nested": c.nested, "outer": 1} {
+				if n := b.count(t, "SELECT count(*) FROM effects WHERE event_key = $1 AND note = $2", key, note); n != want {
+					t.Errorf("%s, nested run sending %q: %d %s effects, want %d", name, c.last, n, note, want)
+				}
+			}
+			wantTrips(t, tr, name+", nested run sending "+c.last, [][]string{
+				{"begin", "InsertEvent"}, {"savepoint txhook_1"}, {nestedSQL}, {c.last}, {c.end}, {outerSQL, "commit"},
+			})
+		}
 	}
 }

@@ -12,7 +12,8 @@
 //     a round trip before it), and the first step with BEGIN or, with
 //     Spec.WithFirstStatement, with the body's first statement;
 //   - statements the body defers (Deferred) travel with its next statement
-//     or with the end of the transaction.
+//     or with the end of the transaction: the transaction they were
+//     deferred on, not a savepoint of it, whose statements go past them.
 //
 // The engine knows nothing of events, keys or results: the caller's first
 // step and body record what they learn, and the caller turns Run's error

@@ -32,12 +32,15 @@ const (
 
 // SQL the engine sends besides the caller's statements.
 const (
-	// boundSQL saves the session's lock_timeout and sets the first step's
-	// bound, for the body's statements sent before the first step answered.
-	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
+	// boundSQL saves the session's lock_timeout, sets the first step's
+	// bound, for the body's statements sent before the first step answered,
+	// and saves the bound as the server spells it (2000ms is 2s).
+	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('txhook.lock_timeout_bound', set_config('lock_timeout', $1, true), true)"
 	// unboundSQL restores the saved lock_timeout for the body's later
-	// statements.
-	unboundSQL = "-- name: LockTimeoutRestored\nselect set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)"
+	// statements, when the bound is still in force: a body statement sent
+	// with the first step that set lock_timeout itself (SET LOCAL
+	// lock_timeout) keeps its setting for the rest of the transaction.
+	unboundSQL = "-- name: LockTimeoutRestored\nselect case when current_setting('lock_timeout') = current_setting('txhook.lock_timeout_bound') then set_config('lock_timeout', current_setting('txhook.lock_timeout'), true) end"
 )
 
 // stmt is a statement sent in a batch: an Exec, or a QueryRow whose row is
@@ -98,7 +101,9 @@ func batchOf(stmts []stmt, then ...string) *pgx.Batch {
 // pgx.Tx whose statements are sent lazily. The first batch carries BEGIN
 // (or follows SAVEPOINT), the first step and whatever the body has sent so
 // far; deferred statements (Deferred) wait for the body's next statement or
-// for the end.
+// for the end. A savepoint's SAVEPOINT goes after what its caller's
+// transaction deferred until then; the savepoint's later statements go
+// past what that transaction defers (see enclosing).
 // Once the first step has stopped the run, BEGIN has failed, or a deferred
 // statement has failed, every later statement returns that error unsent.
 type Tx struct {
@@ -173,7 +178,9 @@ func batchBegins(d Beginner) bool {
 	return false
 }
 
-// err is the error every statement gets now, or nil.
+// err is the error every statement gets now, or nil. A savepoint's
+// statements get its caller's transaction's error too: they go past that
+// transaction (see enclosing), but not once it has failed or ended.
 func (t *Tx) err() error {
 	switch {
 	case t.done:
@@ -184,8 +191,13 @@ func (t *Tx) err() error {
 		return ErrNotNew
 	case t.firstErr != nil:
 		return t.firstErr
+	case t.deferErr != nil:
+		return t.deferErr
 	}
-	return t.deferErr
+	if p, ok := t.parent.(*Tx); ok {
+		return p.err()
+	}
+	return nil
 }
 
 // cause is why the run failed, when err is set: the failure to begin, the
@@ -350,14 +362,18 @@ func (t *Tx) savepointBatch(ctx context.Context, queue func(b *pgx.Batch)) (pgx.
 			return nil, false, err
 		}
 	}
+	// SAVEPOINT goes through the caller's transaction, after what it had
+	// deferred; the savepoint's own statements go past what it defers
+	// from now on (see enclosing).
 	t.under = t.parent
 	if _, err := t.parent.Exec(ctx, "savepoint "+t.savepointName()); err != nil {
 		return nil, t.connClosed(), err
 	}
 	t.saved = true
+	t.under = t.enclosing()
 	b := &pgx.Batch{}
 	queue(b)
-	return t.parent.SendBatch(ctx, b), false, nil
+	return t.under.SendBatch(ctx, b), false, nil
 }
 
 // queryFirst sends the first batch with a multi-row query at its end:
@@ -650,7 +666,7 @@ func (t *Tx) commit(bctx, cctx context.Context) error {
 	}
 	stmts := t.queue
 	t.queue = nil
-	br := t.parent.SendBatch(bctx, batchOf(stmts, "release savepoint "+t.savepointName()))
+	br := t.under.SendBatch(bctx, batchOf(stmts, "release savepoint "+t.savepointName()))
 	failed := readAll(br, stmts)
 	var err error
 	if failed < 0 {
@@ -794,9 +810,11 @@ func (t *Tx) rollback(ctx context.Context) error {
 	return nil
 }
 
-// enclosing is the transaction a savepoint's own statements go to at once:
-// the caller's transaction or, when that is the engine's, the transaction
-// under it.
+// enclosing is the transaction a savepoint's own statements go to once
+// SAVEPOINT has been sent: the caller's transaction or, when that is the
+// engine's, the transaction under it. They go past what the enclosing
+// engine transactions deferred: a statement belongs to the transaction it
+// was deferred on, and waits for that transaction's next statement.
 func (t *Tx) enclosing() pgx.Tx {
 	q := t.parent
 	for {
