@@ -92,6 +92,8 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 			row.OK, row.Message = true, "already done: nothing ran"
 		case res.Outcome == txhook.OutcomeFailed:
 			row.Message = "failed again (still a dead letter): " + fmt.Sprint(res.Err)
+		case res.Outcome == txhook.OutcomeInFlight:
+			row.Message = "not replayed: another replay or delivery holds the event; try again"
 		default:
 			row.Message = res.Outcome.String()
 		}

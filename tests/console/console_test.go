@@ -10,6 +10,7 @@ package console
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -626,5 +627,54 @@ func TestSharedCSRFKeyAcrossInstances(t *testing.T) {
 	}
 	if code, body := post(t, cl, same+"/txhook/discard", url.Values{"csrf": {token}, "one": {string(ids[1][1])}}); code != http.StatusOK {
 		t.Errorf("form posted to an instance with the same key: %d %q, want 200", code, body)
+	}
+}
+
+// A replay answered in flight (another replay or delivery holds the event's
+// claim) tells the operator so, and changes nothing.
+func TestReplayInFlightMessage(t *testing.T) {
+	c := setup(t, admin.Config{AllowWrites: true})
+	ctx := t.Context()
+	var source, key string
+	if err := c.pool.QueryRow(ctx, `SELECT source, event_key FROM txhook_processed_events
+		WHERE status = 'failed' AND payload IS NOT NULL ORDER BY event_key LIMIT 1`).Scan(&source, &key); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := txhook.NewProcessor(c.pool, &txhook.Config{LockTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	lease := txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
+		ran = true
+		return nil, nil
+	}}
+	replayer, err := txhook.NewReplayer(c.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
+		&txhook.ReplayerConfig{Processor: proc, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lease, true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(c.pool, &admin.Config{AllowWrites: true, Replayer: replayer})))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	// Another replay's transaction holds the row.
+	holder, err := c.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(context.Background())
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM txhook_processed_events WHERE source = $1 AND event_key = $2 FOR UPDATE`, source, key); err != nil {
+		t.Fatal(err)
+	}
+	cl, token := formToken(t, srv.URL+"/txhook/dead-letters")
+	id := base64.RawURLEncoding.EncodeToString([]byte(source)) + "." + base64.RawURLEncoding.EncodeToString([]byte(key))
+	code, body := post(t, cl, srv.URL+"/txhook/replay", url.Values{"csrf": {token}, "one": {id}})
+	if code != http.StatusOK || !strings.Contains(body, "another replay or delivery holds the event") {
+		t.Errorf("replay of a held event: %d, page without the in-flight message:\n%s", code, body)
+	}
+	if ran {
+		t.Error("the handler ran while another held the event")
 	}
 }
