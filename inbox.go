@@ -243,7 +243,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 		return res, nil
 	}
 	err = apiError(err)
-	if !failed || errors.Is(err, ErrCommitUnknown) || errors.Is(err, ErrUnavailable) {
+	if !failed || databaseFault(err) {
 		// Not the handler's failure: the queue's retry applies the event.
 		return Result{}, err
 	}
@@ -252,6 +252,13 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	}
 	p.recordQueuedError(ctx, j, err)
 	return Result{}, err
+}
+
+// databaseFault reports whether err says the database could not be used or
+// a commit's outcome is unknown: not a handler's failure, so a queued
+// event is never recorded as failed for it, on its last attempt either.
+func databaseFault(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCommitUnknown)
 }
 
 func (j QueuedJob) complete(ctx context.Context, tx pgx.Tx) error {
@@ -340,11 +347,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 	lastAttempt := func(err error) error {
-		switch {
-		case !j.LastAttempt || IsPermanent(err), errors.Is(err, ErrLeaseLost):
-		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrCommitUnknown):
-			// Not the handler's failure: the event is not failed for it.
-		default:
+		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) && !databaseFault(err) {
 			return Permanent(err)
 		}
 		return err

@@ -308,32 +308,15 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, he
 	text := pgtype.Text{String: errorText(herr), Valid: true}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.run.FinishTimeout)
 	defer cancel()
-	fail := func(ctx context.Context, q *db.Queries) (int64, error) {
-		return q.FailLease(ctx, db.FailLeaseParams{
-			Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
-			LastError: text, Payload: payload,
-		})
-	}
-	if IsPermanent(herr) {
-		var n int64
-		err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
-			var err error
-			n, err = fail(ctx, q)
-			return err
-		})
-		switch {
-		case err != nil:
-			return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, herr))
-		case n == 0:
-			return Result{}, fmt.Errorf("record failed event: %w", errors.Join(ErrLeaseLost, herr))
-		}
-		return Result{Outcome: OutcomeFailed, Err: herr}, nil
-	}
+	record := IsPermanent(herr) || replay // recorded as failed; otherwise released
 	var n int64
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
-		if replay {
-			n, err = fail(ctx, q)
+		if record {
+			n, err = q.FailLease(ctx, db.FailLeaseParams{
+				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
+				LastError: text, Payload: payload,
+			})
 		} else {
 			n, err = q.ReleaseLease(ctx, db.ReleaseLeaseParams{
 				Source: c.Source, EventKey: c.Key, Attempts: int32(c.Token), ClaimedAt: c.claimedAt,
@@ -342,8 +325,17 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, he
 		}
 		return err
 	})
+	if IsPermanent(herr) {
+		switch {
+		case err != nil:
+			return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, herr))
+		case n == 0:
+			return Result{}, fmt.Errorf("record failed event: %w", errors.Join(ErrLeaseLost, herr))
+		}
+		return Result{Outcome: OutcomeFailed, Err: herr}, nil
+	}
 	switch {
-	case err != nil && replay:
+	case err != nil && record:
 		herr = errors.Join(herr, fmt.Errorf("record failed event: %w", err))
 	case err != nil:
 		herr = errors.Join(herr, fmt.Errorf("release claim: %w", err))
