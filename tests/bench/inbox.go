@@ -121,7 +121,7 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	// cooldown and queue: a job inserted within a millisecond of the last
 	// one (one client at a time, at concurrency 1) waits for the next poll.
 	// Their workers signal the waiting request once a job's work returned.
-	withWorkers := func(queue string) *river.Config {
+	workersConfig := func(queue string) *river.Config {
 		return &river.Config{
 			Logger: quiet, FetchCooldown: time.Millisecond, FetchPollInterval: 2 * time.Millisecond,
 			Workers: river.NewWorkers(),
@@ -139,11 +139,11 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 				})},
 		}
 	}
-	b.running, err = inbox.New(pool, proc, &inbox.Config{River: withWorkers(inbox.QueueName)})
+	b.running, err = inbox.New(pool, proc, &inbox.Config{River: workersConfig(inbox.QueueName)})
 	if err != nil {
 		return fail(err)
 	}
-	emptyCfg := withWorkers("bench_empty")
+	emptyCfg := workersConfig("bench_empty")
 	river.AddWorker(emptyCfg.Workers, emptyWorker{})
 	if b.empty, err = river.NewClient(riverpgxv5.New(pool), emptyCfg); err != nil {
 		return fail(fmt.Errorf("new river client: %w", err))
@@ -253,8 +253,8 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 			return measure(ctx, c, o.warmup, o.duration, nil, op), nil
 		}}
 	}
-	// withWorkers runs a row's River client while the row is measured.
-	withWorkers := func(s scenario, start, stop func(context.Context) error) scenario {
+	// whileRunning runs a row's River client while the row is measured.
+	whileRunning := func(s scenario, start, stop func(context.Context) error) scenario {
 		m := s.measure
 		s.measure = func(ctx context.Context) (sample, error) {
 			if err := start(ctx); err != nil {
@@ -278,7 +278,7 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 		row(scenInboxSync, func(ctx context.Context, w int) error {
 			return b.post(ctx, b.sync, syncKey(w), http.StatusOK)
 		}),
-		withWorkers(row(scenInboxE2E, func(ctx context.Context, w int) error {
+		whileRunning(row(scenInboxE2E, func(ctx context.Context, w int) error {
 			key := e2eKey(w)
 			ch := b.wait(key)
 			if err := b.post(ctx, b.e2e, key, http.StatusAccepted); err != nil {
@@ -287,7 +287,7 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 			}
 			return await(ctx, ch)
 		}), b.running.Start, b.running.Stop),
-		withWorkers(row(scenRiverEmpty, func(ctx context.Context, w int) error {
+		whileRunning(row(scenRiverEmpty, func(ctx context.Context, w int) error {
 			id := emptyKey(w)
 			ch := b.wait(id)
 			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
