@@ -238,6 +238,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	// during traffic however fast the machine is, each on a receiver drawn
 	// at random; one database restart halfway.
 	chaosDone := make(chan struct{})
+	var trafficDone atomic.Bool
 	var dbRestarts atomic.Int32
 	go func() {
 		defer close(chaosDone)
@@ -255,7 +256,10 @@ func run(ctx context.Context, cfg config) (result, error) {
 		slices.Sort(marks)
 		dbMark := n / 2
 		for i, m := range marks {
-			for progress.Load() < m {
+			// Once the traffic is done, the kills left are made at once:
+			// a fast machine can send every event before the receivers
+			// are back from the earlier kills.
+			for progress.Load() < m && !trafficDone.Load() {
 				if sendCtx.Err() != nil {
 					return
 				}
@@ -279,8 +283,15 @@ func run(ctx context.Context, cfg config) (result, error) {
 	}()
 
 	wg.Wait()
-	stopSend()
+	trafficDone.Store(true)
 	<-chaosDone
+	// Every kill is followed by its restart before the supervisors stop.
+	for _, sup := range sups {
+		for sup.restarting.Load() && sendCtx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stopSend()
 	stopSup()
 	var supErr error
 	for range receivers {
@@ -341,6 +352,8 @@ type supervisor struct {
 	name string
 
 	starts, kills, crashExits, otherExits, armed int
+	// restarting is set from a kill until the next start succeeded.
+	restarting atomic.Bool
 }
 
 // maxStartFailures bounds consecutive failed starts (the database may be
@@ -384,10 +397,12 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			close(s.up)
 		}
 		s.starts++
+		s.restarting.Store(false)
 		select {
 		case <-s.killReq:
 			p.Kill()
 			s.kills++
+			s.restarting.Store(true)
 		case <-p.Done():
 			if p.ExitCode() == txhook.CrashExitCode {
 				s.crashExits++
