@@ -151,7 +151,7 @@ func (h LeaseHandler) settings() (leaseSettings, error) {
 // ctx bounds the claim, phase one and phase two up to COMMIT. Releasing a
 // claim after an error runs even when ctx is cancelled.
 func (p *Processor) ProcessLease(ctx context.Context, ev Event, h LeaseHandler) (Result, error) {
-	return p.processLease(ctx, ev, h, false)
+	return p.processLease(ctx, ev, h, false, false)
 }
 
 // ReplayLease is ProcessLease for an operator's replay: besides everything
@@ -163,10 +163,13 @@ func (p *Processor) ProcessLease(ctx context.Context, ev Event, h LeaseHandler) 
 // payload kept) rather than by releasing it: no sender retries a dead letter,
 // so it stays one for a later replay.
 func (p *Processor) ReplayLease(ctx context.Context, ev Event, h LeaseHandler) (Result, error) {
-	return p.processLease(ctx, ev, h, true)
+	return p.processLease(ctx, ev, h, true, false)
 }
 
-func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, replay bool) (Result, error) {
+// processLease is ProcessLease, or ReplayLease when replay is set;
+// lastAttempt records a handler's error as failed (see
+// DeliverOptions.LastAttempt).
+func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, replay, lastAttempt bool) (Result, error) {
 	s, err := h.settings()
 	if err != nil {
 		return Result{}, err
@@ -188,7 +191,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
-	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, nil, nil)
+	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, nil, onLastAttempt(lastAttempt))
 }
 
 // runClaim runs an event claimed as c: phase one (work) under the lease,

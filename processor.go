@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -140,6 +141,12 @@ type Config struct {
 	// RecentKeysTTL is how long a done key is remembered. Defaults to
 	// DefaultRecentKeysTTL (10 minutes).
 	RecentKeysTTL time.Duration
+	// Routes are the application's handlers, by source and event type:
+	// Deliver, and everything built on the Processor (the HTTP endpoint,
+	// the inbox's jobs, the queue consumers, the Replayer), find their
+	// handler there. Defaults to none: Process and ProcessLease, which take
+	// their handler as an argument, still work.
+	Routes *Routes
 }
 
 // Processor applies events exactly once. It is safe for concurrent use, and
@@ -173,6 +180,8 @@ type Processor struct {
 	// in transactions of their own.
 	direct engine.Querier
 	filter dupFilter
+	routes *Routes
+	queue  atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -216,6 +225,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		crash:           newCrasherFromEnv(),
 		direct:          direct,
 		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		routes:          c.Routes,
 	}, nil
 }
 
@@ -236,13 +246,19 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // ctx bounds the work up to COMMIT: none of h's deferred writes is sent
 // once it has ended; see RunTx.
 func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
+	return p.process(ctx, ev, h, false)
+}
+
+// process is Process; lastAttempt records a handler's error as failed (see
+// DeliverOptions.LastAttempt).
+func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc, lastAttempt bool) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
 	if res, ok, err := p.filter.answer(ctx, ev); ok {
 		return res, err
 	}
-	res, err := p.apply(ctx, engine.Begin(p.db), ev, h)
+	res, err := p.apply(ctx, engine.Begin(p.db), ev, h, lastAttempt)
 	p.filter.learn(ev, res, err)
 	return res, err
 }
@@ -258,7 +274,7 @@ func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h Handle
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	return p.apply(ctx, engine.Savepoint(tx), ev, h)
+	return p.apply(ctx, engine.Savepoint(tx), ev, h, false)
 }
 
 func (p *Processor) check(ev Event, h HandlerFunc) error {
@@ -269,9 +285,11 @@ func (p *Processor) check(ev Event, h HandlerFunc) error {
 }
 
 // apply runs the dedupe step and, for a new key, h, in one transaction at
-// at, and turns what happened into Process's answer.
-func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc) (Result, error) {
+// at, and turns what happened into Process's answer. On lastAttempt, h's
+// error is recorded as failed as a permanent one is.
+func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc, lastAttempt bool) (Result, error) {
 	var notNew Result // the dedupe step's answer for a key that is not new
+	var herr error    // h's error, wrapped, in the last attempt
 	spec := engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			var err error
@@ -281,7 +299,8 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 		WithFirstStatement: p.dedupeWithFirst,
 		LockTimeout:        p.lockTimeout,
 		Body: func(ctx context.Context, tx pgx.Tx) error {
-			return p.handled(h(ctx, tx, ev))
+			herr = p.handled(h(ctx, tx, ev))
+			return herr
 		},
 	}
 	if !at.Nested() {
@@ -299,7 +318,13 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 	case IsPermanent(err):
 		return p.recordFailed(ctx, at, ev, err)
 	}
-	return Result{}, apiError(err)
+	err = apiError(err)
+	if herr != nil && errors.Is(err, herr) {
+		if last := onLastAttempt(lastAttempt); last != nil && IsPermanent(last(err)) {
+			return p.recordFailed(ctx, at, ev, err)
+		}
+	}
+	return Result{}, err
 }
 
 // dedupe is the dedupe step: it records ev's key in the transaction q runs
