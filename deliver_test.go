@@ -172,7 +172,10 @@ func TestRoutesRefuseMistakes(t *testing.T) {
 	t.Parallel()
 	h := func(context.Context, pgx.Tx, txhook.Event) error { return nil }
 	for name, register := range map[string]func(rs *txhook.Routes){
-		"twice":        func(rs *txhook.Routes) { rs.Transactional("s", "t", h); rs.Lease("s", "t", txhook.LeaseHandler{Work: work}) },
+		"twice": func(rs *txhook.Routes) {
+			rs.Transactional("s", "t", h)
+			rs.Lease("s", "t", txhook.LeaseHandler{Work: work})
+		},
 		"nil handler":  func(rs *txhook.Routes) { rs.Transactional("s", "t", nil) },
 		"nil work":     func(rs *txhook.Routes) { rs.InboxLease("s", "t", txhook.LeaseHandler{}) },
 		"empty source": func(rs *txhook.Routes) { rs.Inbox("", "t", h) },
