@@ -23,6 +23,11 @@ type DeliverOptions struct {
 	// too (its key and body hash, as done), so that its body cannot pass
 	// later under a routed type. Defaults to nil: no check.
 	Guard *ReplayGuard
+	// Ignore says that the delivery carries no event to apply, whatever
+	// routes are registered (a provider's connectivity check, such as
+	// GitHub's ping): it is answered OutcomeIgnored, and recorded when
+	// Guard is set. Defaults to false.
+	Ignore bool
 	// LastAttempt says that the sender will not deliver the event again (a
 	// broker's last redelivery): a handler error then records the event as
 	// failed, a dead letter that an operator can replay, instead of being
@@ -85,6 +90,9 @@ func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 		o = *opts
 	}
 	r, ok := p.routes.lookup(ev.Source, ev.Type)
+	if o.Ignore {
+		ok = false
+	}
 	g := o.Guard
 	switch {
 	case !ok && g == nil:
