@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 
-
 	"github.com/txhook/txhook"
 )
 
