@@ -34,7 +34,7 @@ type Sweeper struct {
 }
 
 // New returns a Sweeper for cfg that reads and records its state through
-// pool, on a database migrated to txhook's schema (migration 0005 or later).
+// pool, on a database migrated to txhook's schema (migration 0011 or later).
 func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if pool == nil {
 		return nil, errors.New("ghsweep: new sweeper: nil pool")
