@@ -46,11 +46,15 @@
 //
 // Replay and Discard change the table only when Config.AllowWrites is set;
 // otherwise the pages show no write buttons and the console answers every
-// write 403. Every write is a POST carrying a CSRF token (a signed
-// double-submit cookie; cross-origin POSTs are also refused by
-// http.CrossOriginProtection) and is logged with the user that Config.User
-// names. Replay goes through the application's txhook.Replayer, with the
-// exactly-once rules of a delivery.
+// write 403. Every write is a POST carrying a CSRF token and is logged with
+// the user that Config.User names. The token is a signed double-submit
+// cookie: an HMAC of the cookie's random value and of that user, so it is
+// good only with its cookie and for its user (without Config.User, for
+// whoever holds both). Over TLS the cookie is __Host-txhook_csrf (Secure,
+// Path=/, no Domain); on plain http, including behind a proxy that
+// terminates TLS, it is txhook_csrf, not Secure. Cross-origin POSTs are also
+// refused by http.CrossOriginProtection. Replay goes through the
+// application's txhook.Replayer, with the exactly-once rules of a delivery.
 //
 // # What it shows
 //

@@ -482,11 +482,18 @@ func TestDiscard(t *testing.T) {
 	}
 }
 
-// client is a cookie-keeping HTTP client with the CSRF token of a page.
+// formToken returns a cookie-keeping HTTP client with the CSRF token of a
+// page.
 func formToken(t *testing.T, url string) (*http.Client, string) {
 	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	cl := &http.Client{Jar: jar}
+	return cl, pageToken(t, cl, url)
+}
+
+// pageToken returns the CSRF token of the page at url, fetched with cl.
+func pageToken(t *testing.T, cl *http.Client, url string) string {
+	t.Helper()
 	resp, err := cl.Get(url)
 	if err != nil {
 		t.Fatal(err)
@@ -497,7 +504,7 @@ func formToken(t *testing.T, url string) (*http.Client, string) {
 	if m == nil {
 		t.Fatalf("no CSRF token on %s", url)
 	}
-	return cl, string(m[1])
+	return string(m[1])
 }
 
 func post(t *testing.T, cl *http.Client, u string, form url.Values) (int, string) {
