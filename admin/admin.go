@@ -108,6 +108,7 @@ func New(db txhook.Querier, cfg *Config) *Handler {
 	mux.HandleFunc("GET /{$}", h.overview)
 	mux.HandleFunc("GET /events", h.events)
 	mux.HandleFunc("GET /event", h.event)
+	mux.HandleFunc("GET /payload", h.payload)
 	mux.HandleFunc("GET /dead-letters", h.deadLetters)
 	mux.HandleFunc("POST /replay", h.replay)
 	mux.HandleFunc("POST /discard", h.discard)

@@ -28,8 +28,14 @@
 //     through the index of queued rows; shown only while events are queued:
 //     an empty queue, or no inbox mode, shows nothing).
 //   - Events: filtered by source, status, type and time, a page at a time.
-//   - Event: every column of one event, its payload (pretty-printed JSON),
-//     and for lease mode its lease and fencing token.
+//   - Event: every column of one event, its payload (pretty-printed JSON;
+//     only the first 64 KiB of a larger one, read as such from the
+//     database) with a link to download it whole, and for lease mode its
+//     lease and fencing token.
+//   - Payload: the whole payload as a download (attachment, never
+//     rendered), read from the database and sent 2 MiB at a time, so that
+//     a payload of 25 MB costs the process no more memory than one of
+//     2 MiB.
 //   - Dead letters: failed events, with Replay and Discard for one or the
 //     selected ones.
 //
