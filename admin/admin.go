@@ -38,8 +38,13 @@ type Config struct {
 	// Logger receives a line for every write: who, what and the outcome.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// HidePayloads shows only the size of stored payloads, which may hold
-	// personal data. Defaults to false: payloads are shown.
+	// HidePayloads keeps stored payloads, which may hold personal data, out
+	// of the console: pages show only their size, and there is no download.
+	// Handler errors often quote the payload they failed on, so they are
+	// hidden too: an event's last error on the pages, and a replay's new
+	// error on its result page and in the log of writes (txhook's own
+	// reasons, such as a payload not stored, are still shown). Defaults to
+	// false: payloads and errors are shown.
 	HidePayloads bool
 	// PageSize is the number of events on a page. Defaults to 50; at most
 	// 500.

@@ -66,5 +66,7 @@
 //
 // The console shows what the events table holds: keys, types, statuses,
 // errors and payloads. It holds no secret of its own. Payloads may hold
-// personal data: Config.HidePayloads shows only their size.
+// personal data: Config.HidePayloads shows only their size, and hides the
+// handlers' errors too (on the pages and in the log of writes), since an
+// error often quotes the payload it failed on.
 package admin

@@ -363,6 +363,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 	if len(v) > 0 {
 		d.First += "?" + v.Encode()
 	}
+	for i := range evs {
+		evs[i].LastError = h.shownError(evs[i].LastError)
+	}
 	d.Events = evs
 	if d.Sources, err = q.AdminSources(ctx); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list sources: %w", err))
@@ -440,7 +443,7 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		Source: row.Source, Key: row.EventKey, Type: row.EventType, Status: row.Status,
 		Attempts: int(row.Attempts), CreatedAt: row.CreatedAt.Time, ClaimedAt: row.ClaimedAt.Time,
 		LeaseExpiresAt: row.LeaseExpiresAt.Time, CompletedAt: row.CompletedAt.Time,
-		LastError: row.LastError.String, HasPayload: row.HasPayload, PayloadSize: int(row.PayloadSize),
+		LastError: h.shownError(row.LastError.String), HasPayload: row.HasPayload, PayloadSize: int(row.PayloadSize),
 		JobID: row.JobID.Int64,
 	}
 	d := eventData{E: e, Now: time.Now(), HidePayloads: h.cfg.HidePayloads}
@@ -464,6 +467,19 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 }
 
 // --- helpers ---
+
+// errorHidden stands for an error's text with Config.HidePayloads.
+const errorHidden = "hidden by the console's configuration (errors may quote payloads)"
+
+// shownError is what the console shows and logs of an event's error: the
+// text, or with Config.HidePayloads a note that it is hidden, since a
+// handler's error often quotes the payload it failed on.
+func (h *Handler) shownError(s string) string {
+	if s == "" || !h.cfg.HidePayloads {
+		return s
+	}
+	return errorHidden
+}
 
 func ts(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
 
