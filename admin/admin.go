@@ -49,7 +49,8 @@ type Config struct {
 	// PageSize is the number of events on a page. Defaults to 50; at most
 	// 500.
 	PageSize int
-	// QueryTimeout bounds the queries of one request. Defaults to 10 s.
+	// QueryTimeout bounds the queries of one request (of a payload's
+	// download: each chunk's query). Defaults to 10 s.
 	QueryTimeout time.Duration
 	// ChartHours is how many hours the overview's chart of events settled
 	// per minute covers. Defaults to 3; at most 24.

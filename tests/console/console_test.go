@@ -329,6 +329,9 @@ func TestPages(t *testing.T) {
 	if got := text(t, ctx, "#last-error"); got != "permanent: customer cus_123 not found" {
 		t.Errorf("event: last error %q", got)
 	}
+	if got := text(t, ctx, "#payload-note"); got != "76 bytes, JSON Download" || count(t, ctx, `a#download[href="payload?key=evt_dead_1&source=stripe"][download]`) != 1 {
+		t.Errorf("event: payload note %q, or no download link", got)
+	}
 	screenshot(t, ctx, "console-event")
 
 	// Lease mode: the lease and the fencing token.
