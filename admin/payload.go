@@ -43,6 +43,9 @@ const payloadChunk = `SELECT substring(payload FROM $4::integer FOR $5::integer)
 FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2 AND created_at = $3 AND octet_length(payload) = $6`
 
+// errPayloadChanged: the event is no longer the one whose download began.
+var errPayloadChanged = errors.New("the event changed during the download (discarded, pruned or delivered anew): download it again")
+
 // payloadChunkBuffer receives a chunk from the driver's memory
 // (pgtype.BytesScanner) into a buffer reused for the next one.
 type payloadChunkBuffer struct{ b []byte }
@@ -88,16 +91,24 @@ func (h *Handler) payload(w http.ResponseWriter, r *http.Request) {
 	sent := false
 	for off := 0; off < size; off += len(buf.b) {
 		if err := h.readChunk(r, &buf, source, key, e.CreatedAt, size, off, min(downloadChunk, size-off)); err != nil {
-			if !sent {
+			switch {
+			case r.Context().Err() != nil:
+				// The client went away.
+			case !sent && errors.Is(err, errPayloadChanged):
 				h.fail(w, r, http.StatusNotFound, err)
-				return
+			case !sent:
+				h.fail(w, r, http.StatusInternalServerError, err)
+			default:
+				h.cfg.Logger.Error("txhook console: payload download cut short", "source", source, "key", key, "sent", off, "size", size, "err", err)
 			}
-			h.cfg.Logger.Error("txhook console: payload download cut short", "source", source, "key", key, "sent", off, "size", size, "err", err)
 			return
 		}
 		if !sent {
 			payloadHeaders(w, source, key, size, buf.b)
 			sent = true
+			if r.Method == http.MethodHead {
+				return
+			}
 		}
 		if _, err := w.Write(buf.b); err != nil {
 			return // the client went away
@@ -117,7 +128,7 @@ func (h *Handler) readChunk(r *http.Request, buf *payloadChunkBuffer, source, ke
 	err := h.db.QueryRow(ctx, payloadChunk, source, key, createdAt, off+1, n, size).Scan(buf)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("the event %s/%s changed during the download (discarded, pruned or delivered anew): download it again", source, key)
+		return fmt.Errorf("read payload of %s/%s: %w", source, key, errPayloadChanged)
 	case err != nil:
 		return fmt.Errorf("read payload: %w", err)
 	case len(buf.b) != n:

@@ -124,6 +124,15 @@ func TestLargePayload(t *testing.T) {
 	if !strings.HasPrefix(resp.Header.Get("Content-Security-Policy"), "default-src 'none'") {
 		t.Errorf("download: no Content-Security-Policy: %q", resp.Header.Get("Content-Security-Policy"))
 	}
+	// HEAD: the download's headers, without reading the payload.
+	head, err := http.Head(c.url + "/txhook/payload?source=github&key=big-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head.Body.Close()
+	if head.StatusCode != http.StatusOK || head.ContentLength != int64(size) || head.Header.Get("Content-Disposition") == "" {
+		t.Errorf("HEAD of the download: %d, length %d, %v", head.StatusCode, head.ContentLength, head.Header)
+	}
 	// The download holds one chunk (2 MiB) at a time: it allocates less than
 	// the payload it sends, which a read of the payload whole allocates at
 	// least once. (About 5 MiB; under the race detector some 12 MiB, since
