@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -14,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook"
@@ -363,6 +363,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 	if len(v) > 0 {
 		d.First += "?" + v.Encode()
 	}
+	for i := range evs {
+		evs[i].LastError = h.shownError(evs[i].LastError)
+	}
 	d.Events = evs
 	if d.Sources, err = q.AdminSources(ctx); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list sources: %w", err))
@@ -405,9 +408,15 @@ func record(r db.AdminSettledPageRow) txhook.EventRecord {
 // --- one event ---
 
 type eventData struct {
-	E            txhook.EventRecord
-	Payload      string
-	PayloadNote  string
+	E           txhook.EventRecord
+	Payload     string
+	PayloadNote string
+	// PayloadCut says that Payload is only the start of the payload, or is
+	// empty.
+	PayloadCut string
+	// Download is the address of the payload's download, empty when there
+	// is none to offer.
+	Download     string
 	LeaseLeft    string
 	Now          time.Time
 	HidePayloads bool
@@ -417,25 +426,35 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	source, key := r.FormValue("source"), r.FormValue("key")
-	e, err := txhook.GetEventRecord(ctx, h.db, source, key)
-	if errors.Is(err, txhook.ErrEventNotFound) {
+	preview := int32(previewBytes)
+	if h.cfg.HidePayloads {
+		preview = 0 // not a byte of it is read
+	}
+	row, err := db.New(h.db).AdminEvent(ctx, db.AdminEventParams{Source: source, EventKey: key, PreviewBytes: preview})
+	if errors.Is(err, pgx.ErrNoRows) {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no event with source %q and key %q (never delivered, or pruned)", source, key))
 		return
 	}
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("read event: %w", err))
 		return
 	}
-	payload := e.Payload
-	e.Payload = nil // the page shows d.Payload only: hidden stays hidden
+	e := txhook.EventRecord{
+		Source: row.Source, Key: row.EventKey, Type: row.EventType, Status: row.Status,
+		Attempts: int(row.Attempts), CreatedAt: row.CreatedAt.Time, ClaimedAt: row.ClaimedAt.Time,
+		LeaseExpiresAt: row.LeaseExpiresAt.Time, CompletedAt: row.CompletedAt.Time,
+		LastError: h.shownError(row.LastError.String), HasPayload: row.HasPayload, PayloadSize: int(row.PayloadSize),
+		JobID: row.JobID.Int64,
+	}
 	d := eventData{E: e, Now: time.Now(), HidePayloads: h.cfg.HidePayloads}
 	switch {
 	case !e.HasPayload:
 		d.PayloadNote = "not stored: replay needs the payload (txhook.Config.StorePayload)"
 	case h.cfg.HidePayloads:
-		d.PayloadNote = fmt.Sprintf("%d bytes, hidden by the console's configuration", e.PayloadSize)
+		d.PayloadNote = fmt.Sprintf("%s, hidden by the console's configuration", byteSize(e.PayloadSize))
 	default:
-		d.Payload, d.PayloadNote = showPayload(payload)
+		d.Payload, d.PayloadNote, d.PayloadCut = showPayload(row.Preview, e.PayloadSize)
+		d.Download = payloadURL(source, key)
 	}
 	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
 		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
@@ -447,20 +466,20 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "event", "events", "Event "+shorten(key, 40), d)
 }
 
-// showPayload returns the payload as text to show (indented when it is
-// JSON) and a note on its form.
-func showPayload(p []byte) (text, note string) {
-	var b bytes.Buffer
-	if json.Valid(p) && json.Indent(&b, p, "", "  ") == nil {
-		return b.String(), fmt.Sprintf("%d bytes, JSON", len(p))
-	}
-	if utf8.Valid(p) {
-		return string(p), fmt.Sprintf("%d bytes, text", len(p))
-	}
-	return base64.StdEncoding.EncodeToString(p), fmt.Sprintf("%d bytes, binary (shown in base64)", len(p))
-}
-
 // --- helpers ---
+
+// errorHidden stands for an error's text with Config.HidePayloads.
+const errorHidden = "hidden by the console's configuration (errors may quote payloads)"
+
+// shownError is what the console shows and logs of an event's error: the
+// text, or with Config.HidePayloads a note that it is hidden, since a
+// handler's error often quotes the payload it failed on.
+func (h *Handler) shownError(s string) string {
+	if s == "" || !h.cfg.HidePayloads {
+		return s
+	}
+	return errorHidden
+}
 
 func ts(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
 

@@ -55,7 +55,19 @@ func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "\n%d dead letters shown, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", len(evs), c.name, c.name)
+	shown := "1 dead letter shown"
+	if len(evs) != 1 {
+		shown = fmt.Sprintf("%d dead letters shown", len(evs))
+	}
+	if c.cfg.NewReplayer != nil {
+		fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", shown, c.name, c.name)
+		return nil
+	}
+	// This binary has no handlers: its replay only lists (--dry-run).
+	fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay runs the application's handlers, which %s does not have:\n"+
+		"replay from the application's own binary (package cli: \"myapp txhook replay SOURCE KEY\", or --all)\n"+
+		"or with the Replay button of its operator console (package admin). %s replay --all --dry-run lists what would run.\n",
+		shown, c.name, c.name)
 	return nil
 }
 

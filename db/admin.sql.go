@@ -35,6 +35,66 @@ func (q *Queries) AdminDiscardFailed(ctx context.Context, arg AdminDiscardFailed
 	return result.RowsAffected(), nil
 }
 
+const adminEvent = `-- name: AdminEvent :one
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size,
+       coalesce(substring(payload FROM 1 FOR $1::integer), ''::bytea)::bytea AS preview,
+       job_id
+FROM txhook_processed_events
+WHERE source = $2 AND event_key = $3
+`
+
+type AdminEventParams struct {
+	PreviewBytes int32
+	Source       string
+	EventKey     string
+}
+
+type AdminEventRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+	Preview        []byte
+	JobID          pgtype.Int8
+}
+
+// One event for the console's event page, through the primary key: every column but the
+// payload, of which it returns the size and at most @preview_bytes from the start. substring
+// reads no more of a stored payload than the part it returns (a slice of the TOAST value), so a
+// page costs the same for a payload of 1 kB or 25 MB.
+func (q *Queries) AdminEvent(ctx context.Context, arg AdminEventParams) (AdminEventRow, error) {
+	row := q.db.QueryRow(ctx, adminEvent, arg.PreviewBytes, arg.Source, arg.EventKey)
+	var i AdminEventRow
+	err := row.Scan(
+		&i.Source,
+		&i.EventKey,
+		&i.EventType,
+		&i.Status,
+		&i.Attempts,
+		&i.CreatedAt,
+		&i.ClaimedAt,
+		&i.LeaseExpiresAt,
+		&i.CompletedAt,
+		&i.LastError,
+		&i.HasPayload,
+		&i.PayloadSize,
+		&i.Preview,
+		&i.JobID,
+	)
+	return i, err
+}
+
 const adminOpenCounts = `-- name: AdminOpenCounts :many
 SELECT source, status, count(*) AS events
 FROM txhook_processed_events

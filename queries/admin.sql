@@ -84,6 +84,20 @@ WHERE status IN ('failed', 'in_progress')
 ORDER BY created_at DESC, source DESC, event_key DESC
 LIMIT @max_rows::integer;
 
+-- name: AdminEvent :one
+-- One event for the console's event page, through the primary key: every column but the
+-- payload, of which it returns the size and at most @preview_bytes from the start. substring
+-- reads no more of a stored payload than the part it returns (a slice of the TOAST value), so a
+-- page costs the same for a payload of 1 kB or 25 MB.
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size,
+       coalesce(substring(payload FROM 1 FOR @preview_bytes::integer), ''::bytea)::bytea AS preview,
+       job_id
+FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key;
+
 -- name: AdminDiscardFailed :execrows
 -- Deletes a failed event (a dead letter an operator gave up on). Rows in any other status,
 -- and a row a concurrent replay holds, are left alone.
