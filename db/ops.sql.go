@@ -214,6 +214,87 @@ func (q *Queries) ListFailedEvents(ctx context.Context, arg ListFailedEventsPara
 	return items, nil
 }
 
+const listStuckEvents = `-- name: ListStuckEvents :many
+SELECT e.source, e.event_key, e.event_type, e.status, e.attempts, e.created_at, e.claimed_at,
+       e.lease_expires_at, e.completed_at, e.last_error,
+       (e.payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(e.payload), 0)::integer AS payload_size, e.job_id
+FROM txhook_processed_events AS e
+JOIN txhook_stuck_events(NULL, $1::text, NULL) AS s
+  ON s.source = e.source AND s.event_key = e.event_key
+WHERE ($2::text IS NULL OR e.status = $2::text)
+  AND ($3::text IS NULL OR e.event_type = $3::text)
+  AND ($4::timestamptz IS NULL OR e.created_at >= $4::timestamptz)
+ORDER BY e.created_at DESC, e.source, e.event_key
+LIMIT $5::integer
+`
+
+type ListStuckEventsParams struct {
+	Source    pgtype.Text
+	Status    pgtype.Text
+	EventType pgtype.Text
+	Since     pgtype.Timestamptz
+	MaxRows   int32
+}
+
+type ListStuckEventsRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+	JobID          pgtype.Int8
+}
+
+// Stuck events (see txhook_stuck_events) newest first, optionally filtered, as ListEvents returns
+// them.
+func (q *Queries) ListStuckEvents(ctx context.Context, arg ListStuckEventsParams) ([]ListStuckEventsRow, error) {
+	rows, err := q.db.Query(ctx, listStuckEvents,
+		arg.Source,
+		arg.Status,
+		arg.EventType,
+		arg.Since,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListStuckEventsRow{}
+	for rows.Next() {
+		var i ListStuckEventsRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.EventKey,
+			&i.EventType,
+			&i.Status,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.ClaimedAt,
+			&i.LeaseExpiresAt,
+			&i.CompletedAt,
+			&i.LastError,
+			&i.HasPayload,
+			&i.PayloadSize,
+			&i.JobID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockFailedEvent = `-- name: LockFailedEvent :one
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at, lease_expires_at, completed_at, last_error, payload, payload_hash, job_id FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2 AND status = 'failed'
