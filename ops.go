@@ -74,6 +74,9 @@ type EventRecord struct {
 // EventFilter selects events for ListEvents. Empty fields do not filter.
 type EventFilter struct {
 	Source string
+	// Key keeps the event with this key (of any source unless Source is
+	// set).
+	Key string
 	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
 	Status string
 	Type   string
@@ -120,6 +123,7 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	}
 	p := db.ListEventsParams{
 		Source:    optText(f.Source),
+		EventKey:  optText(f.Key),
 		Status:    optText(f.Status),
 		EventType: optText(f.Type),
 		Since:     pgtype.Timestamptz{Time: f.Since, Valid: !f.Since.IsZero()},

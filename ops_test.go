@@ -48,6 +48,9 @@ func TestListEventsFilters(t *testing.T) {
 		{txhook.EventFilter{Stuck: true}, "stuck-1"},
 		{txhook.EventFilter{Stuck: true, Status: txhook.StatusQueued}, ""},
 		{txhook.EventFilter{Stuck: true, Source: "elsewhere"}, ""},
+		{txhook.EventFilter{Key: "fail-2"}, "fail-2"},
+		{txhook.EventFilter{Key: "stuck-1", Stuck: true}, "stuck-1"},
+		{txhook.EventFilter{Key: "fail-1", Stuck: true}, ""},
 		{txhook.EventFilter{Source: "elsewhere"}, ""},
 		{txhook.EventFilter{Type: "thing.happened", Status: txhook.StatusDone, Limit: 1}, "new-1"},
 	} {

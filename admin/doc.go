@@ -28,8 +28,13 @@
 //     through the index of queued rows; shown only while events are queued:
 //     an empty queue, or no inbox mode, shows nothing).
 //   - Events: filtered by source, status, type and time, a page at a time.
+//     The status filter also lists inbox mode's queued events and the stuck
+//     ones: queued or in progress while nothing will apply them (their River
+//     job has ended or is gone, or a lease-mode claim was abandoned; see
+//     txhook.EventFilter.Stuck).
 //   - Event: every column of one event, its payload (pretty-printed JSON),
-//     and for lease mode its lease and fencing token.
+//     and for lease mode its lease and fencing token. A stuck event says why
+//     and offers Replay, which takes it over (txhook.Replayer.Replay).
 //   - Dead letters: failed events, with Replay and Discard for one or the
 //     selected ones.
 //

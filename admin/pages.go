@@ -285,9 +285,9 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, nav, title string) {
 	switch f.Status {
-	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress:
+	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress, txhook.StatusQueued, statusStuck:
 	default:
-		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed or in_progress", f.Status))
+		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed, in_progress, queued or stuck", f.Status))
 		return
 	}
 	ctx, cancel := h.ctx(r)
@@ -313,7 +313,8 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 	limit := int32(h.cfg.PageSize + 1) // one more: is there a next page?
 	var evs []txhook.EventRecord
 	d := listData{Filters: f, TimeColumn: "completed", IsFirst: cur.isFirst()}
-	if f.Status == txhook.StatusFailed || f.Status == txhook.StatusInProgress {
+	switch f.Status {
+	case txhook.StatusFailed, txhook.StatusInProgress:
 		d.TimeColumn = "created"
 		rows, err := q.AdminOpenPage(ctx, db.AdminOpenPageParams{
 			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
@@ -326,7 +327,32 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		for _, e := range rows {
 			evs = append(evs, record(db.AdminSettledPageRow(e)))
 		}
-	} else {
+	case txhook.StatusQueued, statusStuck:
+		d.TimeColumn = "created"
+		var rows []db.AdminQueuedPageRow
+		if f.Status == statusStuck {
+			var stuck []db.AdminStuckPageRow
+			stuck, err = q.AdminStuckPage(ctx, db.AdminStuckPageParams{
+				Source: f.Source, EventType: f.Type, Since: ts(since),
+				BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
+			})
+			for _, e := range stuck {
+				rows = append(rows, db.AdminQueuedPageRow(e))
+			}
+		} else {
+			rows, err = q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{
+				Source: f.Source, EventType: f.Type, Since: ts(since),
+				BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
+			})
+		}
+		if err != nil {
+			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
+			return
+		}
+		for _, e := range rows {
+			evs = append(evs, record(db.AdminSettledPageRow(e)))
+		}
+	default:
 		rows, err := q.AdminSettledPage(ctx, db.AdminSettledPageParams{
 			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
 			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
@@ -368,9 +394,14 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list sources: %w", err))
 		return
 	}
-	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"}}
+	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"},
+		{"queued", "queued (inbox)"}, {statusStuck, "stuck: nothing will apply them"}}
 	h.render(w, r, http.StatusOK, page, nav, title, d)
 }
+
+// statusStuck is the events page's filter of stuck events: queued or in
+// progress, and nothing will apply them (txhook.EventFilter.Stuck).
+const statusStuck = "stuck"
 
 type cursor struct {
 	at          pgtype.Timestamptz
@@ -411,6 +442,9 @@ type eventData struct {
 	LeaseLeft    string
 	Now          time.Time
 	HidePayloads bool
+	// Stuck says why nothing will apply the event, when it is queued or in
+	// progress and stuck (txhook.EventFilter.Stuck); a replay takes it over.
+	Stuck string
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
@@ -437,6 +471,16 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	default:
 		d.Payload, d.PayloadNote = showPayload(payload)
 	}
+	if e.Status == txhook.StatusQueued || e.Status == txhook.StatusInProgress {
+		stuck, err := db.New(h.db).AdminStuckEvent(ctx, db.AdminStuckEventParams{Source: source, EventKey: key})
+		if err != nil {
+			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("check the event's job: %w", err))
+			return
+		}
+		if len(stuck) > 0 {
+			d.Stuck = stuckReason(stuck[0])
+		}
+	}
 	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
 		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
 			d.LeaseLeft = "ends in " + left.String()
@@ -445,6 +489,17 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.render(w, r, http.StatusOK, "event", "events", "Event "+shorten(key, 40), d)
+}
+
+// stuckReason says why nothing will apply a stuck event.
+func stuckReason(s db.AdminStuckEventRow) string {
+	switch s.JobState {
+	case "":
+		return "its lease-mode claim was abandoned (the lease ended) and no job will take it over"
+	case "gone":
+		return fmt.Sprintf("its job %d was deleted before it applied the event", s.JobID)
+	}
+	return fmt.Sprintf("its job %d is %s and never applied the event", s.JobID, s.JobState)
 }
 
 // showPayload returns the payload as text to show (indented when it is
