@@ -147,9 +147,10 @@ type QueuedJob struct {
 	// try whose worker was killed is counted by the next one. Zero when the
 	// queue does not count: attempts then counts the recorded failures.
 	Attempt int
-	// NextTry is when the queue runs the job again should this try fail
-	// and be retried, for the log of the failed try. Zero: not known.
-	NextTry time.Time
+	// NextTry, if set, returns when the queue runs the job again after this
+	// try, which failed and will be retried: the log of a failed try calls
+	// it once, as the try ends (River's retry policy counts from then).
+	NextTry func() time.Time
 	// Complete, if set, runs in the transaction that settles the event,
 	// after the handler: the queue's own completion of the job (River's
 	// JobCompleteTx, for one), so that the event and its job settle
@@ -324,17 +325,20 @@ func (p *Processor) logQueuedTry(ctx context.Context, j QueuedJob, eventType str
 		return
 	}
 	attrs = append(attrs, slog.String("err", errorText(err)))
+	retried := true // the queue runs the job again, at j.NextTry
 	level, msg := slog.LevelWarn, "txhook: inbox event try failed; its job runs again"
 	switch {
 	case cancelled(ctx):
+		retried = false // after the restart
 		level, msg = slog.LevelInfo, "txhook: inbox event try cut short by a shutdown; its job runs again after the restart"
 	case databaseFault(err):
 		msg = "txhook: inbox event try failed on a database fault, not the handler's; its job runs again"
 	case j.LastAttempt:
+		retried = false
 		level, msg = slog.LevelError, "txhook: inbox event's last try failed and could not be recorded as failed; FailStuck records it once its job has ended"
 	}
-	if !j.NextTry.IsZero() && (level != slog.LevelError) {
-		attrs = append(attrs, slog.Time("next_try", j.NextTry))
+	if retried && j.NextTry != nil {
+		attrs = append(attrs, slog.Time("next_try", j.NextTry()))
 	}
 	p.log.LogAttrs(ctx, level, msg, attrs...)
 }

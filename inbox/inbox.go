@@ -167,7 +167,7 @@ type Inbox struct {
 	maxAttempts int
 	schema      string                  // River's schema (River.Schema)
 	retry       river.ClientRetryPolicy // River's, for the next try of a failed job
-	nextTry     sync.Map                // job id -> time.Time: the retry Work logged, for NextRetry
+	nextTry     sync.Map                // job id -> time.Time: the next try of the try ending (see nextTryOf)
 
 	mu       sync.RWMutex
 	handlers map[routeKey]txhook.HandlerFunc
@@ -443,8 +443,8 @@ func (w *txWorker) Work(ctx context.Context, job *river.Job[Args]) error {
 }
 
 // NextRetry is when River runs the job again after a failed try: the time
-// Work logged.
-func (w *txWorker) NextRetry(job *river.Job[Args]) time.Time { return w.ib.takeNextTry(job.ID) }
+// the try's log showed (River's retry policy's).
+func (w *txWorker) NextRetry(job *river.Job[Args]) time.Time { return w.ib.takeNextTry(job.JobRow) }
 
 // leaseWorker applies the events of lease-mode handlers.
 type leaseWorker struct {
@@ -474,8 +474,10 @@ func (w *leaseWorker) Work(ctx context.Context, job *river.Job[LeaseArgs]) error
 }
 
 // NextRetry is when River runs the job again after a failed try: the time
-// Work logged.
-func (w *leaseWorker) NextRetry(job *river.Job[LeaseArgs]) time.Time { return w.ib.takeNextTry(job.ID) }
+// the try's log showed (River's retry policy's).
+func (w *leaseWorker) NextRetry(job *river.Job[LeaseArgs]) time.Time {
+	return w.ib.takeNextTry(job.JobRow)
+}
 
 // failLease is the lease handler of an event without one: its work fails
 // for good with err.
@@ -490,21 +492,42 @@ func failLease(err error) txhook.LeaseHandler {
 const maxFaultWait = time.Minute
 
 // queuedJob is the apply's view of the River job row: its try's number,
-// whether it is the last, and when River runs it again should it fail: as
-// River's retry policy says, or, on the last attempt, once the wait after a
-// database fault is over (see jobResult).
+// whether it is the last, and when River runs it again should it fail
+// (nextTryOf).
 func (ib *Inbox) queuedJob(row *rivertype.JobRow, source, key string) txhook.QueuedJob {
-	j := txhook.QueuedJob{
+	ib.nextTry.Delete(row.ID) // an earlier try's, if River did not ask for it
+	return txhook.QueuedJob{
 		Source:      source,
 		Key:         key,
 		Attempt:     row.Attempt,
 		LastAttempt: row.Attempt >= row.MaxAttempts,
-		NextTry:     ib.retry.NextRetry(row),
+		NextTry:     func() time.Time { return ib.nextTryOf(row) },
 	}
-	if j.LastAttempt {
-		j.NextTry = time.Now().Add(min(max(time.Until(j.NextTry), 0), maxFaultWait))
+}
+
+// nextTryOf returns when River runs the job of row again after the try
+// that is ending fails: what River's retry policy says, or, on the last
+// attempt, when the wait after a database fault is over (see jobResult).
+// It is computed once per try, at its end (the log of the failed try, the
+// snooze, or River's call to the worker's NextRetry), and kept until
+// River asks for it (takeNextTry), so that the log shows River's time.
+func (ib *Inbox) nextTryOf(row *rivertype.JobRow) time.Time {
+	if t, ok := ib.nextTry.Load(row.ID); ok {
+		return t.(time.Time)
 	}
-	return j
+	t := ib.retry.NextRetry(row)
+	if row.Attempt >= row.MaxAttempts {
+		t = time.Now().Add(min(max(time.Until(t), 0), maxFaultWait))
+	}
+	ib.nextTry.Store(row.ID, t)
+	return t
+}
+
+// takeNextTry returns nextTryOf(row) and forgets it.
+func (ib *Inbox) takeNextTry(row *rivertype.JobRow) time.Time {
+	t := ib.nextTryOf(row)
+	ib.nextTry.Delete(row.ID)
+	return t
 }
 
 // jobResult turns an apply's answer into the job's: nil completes it (River
@@ -516,23 +539,27 @@ func (ib *Inbox) queuedJob(row *rivertype.JobRow, source, key string) txhook.Que
 //     context): the error says so (context.Canceled), and River makes the
 //     job available again without counting the try;
 //   - a database fault (txhook.ErrUnavailable, txhook.ErrCommitUnknown) on
-//     the last attempt: the job is snoozed until j.NextTry and tried again,
-//     its attempt not counted, until the database answers.
+//     the last attempt: the job is snoozed (nextTryOf: River's backoff, at
+//     most maxFaultWait) and tried again, its attempt not counted, until the
+//     database answers.
+//
+// River asks the worker for the next try (NextRetry) only after an error
+// it retries; the time kept for it is dropped otherwise.
 func (ib *Inbox) jobResult(ctx context.Context, row *rivertype.JobRow, j txhook.QueuedJob, res txhook.Result, err error) error {
-	if err != nil {
-		switch {
-		case errors.Is(ctx.Err(), context.Canceled):
-			if !errors.Is(err, context.Canceled) {
-				err = fmt.Errorf("%w (%w)", err, context.Canceled)
-			}
-		case errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown):
-			if j.LastAttempt {
-				return river.JobSnooze(max(time.Until(j.NextTry), 0))
-			}
-			ib.nextTry.Store(row.ID, j.NextTry)
-		case !j.LastAttempt:
-			ib.nextTry.Store(row.ID, j.NextTry)
+	switch {
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		ib.nextTry.Delete(row.ID)
+		if !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w (%w)", err, context.Canceled)
 		}
+		return err
+	case err != nil && j.LastAttempt && (errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown)):
+		return river.JobSnooze(max(time.Until(ib.takeNextTry(row)), 0))
+	case err != nil && !j.LastAttempt:
+		return err // River asks for the next try
+	}
+	ib.nextTry.Delete(row.ID)
+	if err != nil {
 		return err
 	}
 	switch res.Outcome {
@@ -545,16 +572,6 @@ func (ib *Inbox) jobResult(ctx context.Context, row *rivertype.JobRow, j txhook.
 		return river.JobCancel(res.Err)
 	}
 	return nil
-}
-
-// takeNextTry returns (and forgets) when River runs job id again, as
-// jobResult stored it after a failed try; zero when it did not (River then
-// asks its retry policy).
-func (ib *Inbox) takeNextTry(id int64) time.Time {
-	if t, ok := ib.nextTry.LoadAndDelete(id); ok {
-		return t.(time.Time)
-	}
-	return time.Time{}
 }
 
 // stuckArgs are the arguments of the periodic job that records stuck
