@@ -311,59 +311,34 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		return
 	}
 	limit := int32(h.cfg.PageSize + 1) // one more: is there a next page?
-	var evs []txhook.EventRecord
 	d := listData{Filters: f, TimeColumn: "completed", IsFirst: cur.isFirst()}
+	pp := db.AdminSettledPageParams{
+		Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
+		BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
+	}
+	var rows []db.AdminSettledPageRow
 	switch f.Status {
 	case txhook.StatusFailed, txhook.StatusInProgress:
 		d.TimeColumn = "created"
-		rows, err := q.AdminOpenPage(ctx, db.AdminOpenPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(db.AdminSettledPageRow(e)))
-		}
-	case txhook.StatusQueued, statusStuck:
+		rows, err = pageRows(q.AdminOpenPage(ctx, db.AdminOpenPageParams(pp)))
+	case txhook.StatusQueued:
 		d.TimeColumn = "created"
-		var rows []db.AdminQueuedPageRow
-		if f.Status == statusStuck {
-			var stuck []db.AdminStuckPageRow
-			stuck, err = q.AdminStuckPage(ctx, db.AdminStuckPageParams{
-				Source: f.Source, EventType: f.Type, Since: ts(since),
-				BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-			})
-			for _, e := range stuck {
-				rows = append(rows, db.AdminQueuedPageRow(e))
-			}
-		} else {
-			rows, err = q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{
-				Source: f.Source, EventType: f.Type, Since: ts(since),
-				BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-			})
-		}
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(db.AdminSettledPageRow(e)))
-		}
+		rows, err = pageRows(q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
+	case statusStuck:
+		d.TimeColumn = "created"
+		rows, err = pageRows(q.AdminStuckPage(ctx, db.AdminStuckPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
 	default:
-		rows, err := q.AdminSettledPage(ctx, db.AdminSettledPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(e))
-		}
+		rows, err = q.AdminSettledPage(ctx, pp)
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
+		return
+	}
+	var evs []txhook.EventRecord
+	for _, e := range rows {
+		evs = append(evs, record(e))
 	}
 	if len(evs) > h.cfg.PageSize {
 		evs = evs[:h.cfg.PageSize]
@@ -422,6 +397,16 @@ func parseCursor(r *http.Request) (cursor, error) {
 		return cursor{}, fmt.Errorf("before_at: want an RFC 3339 time, got %q", s)
 	}
 	return cursor{at: ts(t), source: r.FormValue("before_source"), key: r.FormValue("before_key")}, nil
+}
+
+// pageRows returns the rows of a page query as AdminSettledPage's, whose
+// columns they share.
+func pageRows[R db.AdminOpenPageRow | db.AdminQueuedPageRow | db.AdminStuckPageRow](rows []R, err error) ([]db.AdminSettledPageRow, error) {
+	out := make([]db.AdminSettledPageRow, len(rows))
+	for i, r := range rows {
+		out[i] = db.AdminSettledPageRow(r)
+	}
+	return out, err
 }
 
 func record(r db.AdminSettledPageRow) txhook.EventRecord {
