@@ -93,11 +93,11 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 //     rolled back and the event stays failed with the new error (Result.Err)
 //     and one more attempt.
 //
-// Any error means nothing changed: the event is not found (ErrEventNotFound),
-// in progress (ErrNotFailed), without a stored payload (ErrNoPayload) or
-// without a handler (ErrNoHandler), or the handler returned an error that is
-// not permanent, which rolls everything back and leaves the event failed as
-// it was. A *CommitUnknownError means the outcome cannot be known.
+// Any error means nothing changed (but for a stuck event, below): the event
+// is not found (ErrEventNotFound), in progress or queued (ErrNotFailed),
+// without a stored payload (ErrNoPayload) or without a handler
+// (ErrNoHandler), or the handler returned an error that is not permanent,
+// which rolls everything back and leaves the event failed as it was. A *CommitUnknownError means the outcome cannot be known.
 //
 // An event of a lease-mode type (see ReplayerConfig.LeaseLookup) is replayed
 // with Processor.ReplayLease instead, under a new claim (one more attempt);
