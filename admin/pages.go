@@ -456,6 +456,13 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	default:
 		d.Payload, d.PayloadNote = showPayload(payload)
 	}
+	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
+		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
+			d.LeaseLeft = "ends in " + left.String()
+		} else {
+			d.LeaseLeft = "ended " + (-left).String() + " ago"
+		}
+	}
 	if e.Status == txhook.StatusQueued || e.Status == txhook.StatusInProgress {
 		stuck, err := db.New(h.db).AdminStuckEvent(ctx, db.AdminStuckEventParams{Source: source, EventKey: key})
 		if err != nil {
@@ -464,13 +471,6 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		}
 		if len(stuck) > 0 {
 			d.Stuck = stuckReason(stuck[0])
-		}
-	}
-	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
-		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
-			d.LeaseLeft = "ends in " + left.String()
-		} else {
-			d.LeaseLeft = "ended " + (-left).String() + " ago"
 		}
 	}
 	h.render(w, r, http.StatusOK, "event", "events", "Event "+shorten(key, 40), d)
