@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -140,6 +141,11 @@ type Config struct {
 	// RecentKeysTTL is how long a done key is remembered. Defaults to
 	// DefaultRecentKeysTTL (10 minutes).
 	RecentKeysTTL time.Duration
+	// Logger receives a record for every failed try of an inbox event
+	// (ApplyQueued, ApplyQueuedLease: the event, the try's number, the error
+	// and what follows, the next try or the dead letter) and for every stuck
+	// event recorded as failed (FailStuck). Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Processor applies events exactly once. It is safe for concurrent use, and
@@ -173,6 +179,7 @@ type Processor struct {
 	// in transactions of their own.
 	direct engine.Querier
 	filter dupFilter
+	log    *slog.Logger
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -204,6 +211,9 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.RecentKeysTTL == 0 {
 		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	direct, _ := db.(engine.Querier)
 	return &Processor{
 		db:              db,
@@ -216,6 +226,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		crash:           newCrasherFromEnv(),
 		direct:          direct,
 		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		log:             c.Logger,
 	}, nil
 }
 

@@ -28,10 +28,15 @@
 //     through the index of queued rows; shown only while events are queued:
 //     an empty queue, or no inbox mode, shows nothing).
 //   - Events: filtered by source, status, type and time, a page at a time.
+//     The status filter also lists inbox mode's queued events and the stuck
+//     ones: queued or in progress while nothing will apply them (their River
+//     job has ended or is gone, or a lease-mode claim was abandoned; see
+//     txhook.EventFilter.Stuck).
 //   - Event: every column of one event, its payload (pretty-printed JSON;
 //     only the first 64 KiB of a larger one, read as such from the
 //     database) with a link to download it whole, and for lease mode its
-//     lease and fencing token.
+//     lease and fencing token. A stuck event says why and offers Replay,
+//     which takes it over (txhook.Replayer.Replay).
 //   - Payload: the whole payload as a download (attachment, never
 //     rendered), read from the database and sent 2 MiB at a time, so that
 //     a payload of 25 MB costs the process no more memory than one of

@@ -285,9 +285,9 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, nav, title string) {
 	switch f.Status {
-	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress:
+	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress, txhook.StatusQueued, statusStuck:
 	default:
-		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed or in_progress", f.Status))
+		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed, in_progress, queued or stuck", f.Status))
 		return
 	}
 	ctx, cancel := h.ctx(r)
@@ -311,33 +311,34 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		return
 	}
 	limit := int32(h.cfg.PageSize + 1) // one more: is there a next page?
-	var evs []txhook.EventRecord
 	d := listData{Filters: f, TimeColumn: "completed", IsFirst: cur.isFirst()}
-	if f.Status == txhook.StatusFailed || f.Status == txhook.StatusInProgress {
+	pp := db.AdminSettledPageParams{
+		Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
+		BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
+	}
+	var rows []db.AdminSettledPageRow
+	switch f.Status {
+	case txhook.StatusFailed, txhook.StatusInProgress:
 		d.TimeColumn = "created"
-		rows, err := q.AdminOpenPage(ctx, db.AdminOpenPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(db.AdminSettledPageRow(e)))
-		}
-	} else {
-		rows, err := q.AdminSettledPage(ctx, db.AdminSettledPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(e))
-		}
+		rows, err = pageRows(q.AdminOpenPage(ctx, db.AdminOpenPageParams(pp)))
+	case txhook.StatusQueued:
+		d.TimeColumn = "created"
+		rows, err = pageRows(q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
+	case statusStuck:
+		d.TimeColumn = "created"
+		rows, err = pageRows(q.AdminStuckPage(ctx, db.AdminStuckPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
+	default:
+		rows, err = q.AdminSettledPage(ctx, pp)
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
+		return
+	}
+	var evs []txhook.EventRecord
+	for _, e := range rows {
+		evs = append(evs, record(e))
 	}
 	if len(evs) > h.cfg.PageSize {
 		evs = evs[:h.cfg.PageSize]
@@ -371,9 +372,14 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list sources: %w", err))
 		return
 	}
-	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"}}
+	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"},
+		{"queued", "queued (inbox)"}, {statusStuck, "stuck: nothing will apply them"}}
 	h.render(w, r, http.StatusOK, page, nav, title, d)
 }
+
+// statusStuck is the events page's filter of stuck events: queued or in
+// progress, and nothing will apply them (txhook.EventFilter.Stuck).
+const statusStuck = "stuck"
 
 type cursor struct {
 	at          pgtype.Timestamptz
@@ -394,6 +400,16 @@ func parseCursor(r *http.Request) (cursor, error) {
 		return cursor{}, fmt.Errorf("before_at: want an RFC 3339 time, got %q", s)
 	}
 	return cursor{at: ts(t), source: r.FormValue("before_source"), key: r.FormValue("before_key")}, nil
+}
+
+// pageRows returns the rows of a page query as AdminSettledPage's, whose
+// columns they share.
+func pageRows[R db.AdminOpenPageRow | db.AdminQueuedPageRow | db.AdminStuckPageRow](rows []R, err error) ([]db.AdminSettledPageRow, error) {
+	out := make([]db.AdminSettledPageRow, len(rows))
+	for i, r := range rows {
+		out[i] = db.AdminSettledPageRow(r)
+	}
+	return out, err
 }
 
 func record(r db.AdminSettledPageRow) txhook.EventRecord {
@@ -420,6 +436,9 @@ type eventData struct {
 	LeaseLeft    string
 	Now          time.Time
 	HidePayloads bool
+	// Stuck says why nothing will apply the event, when it is queued or in
+	// progress and stuck (txhook.EventFilter.Stuck); a replay takes it over.
+	Stuck string
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
@@ -463,7 +482,28 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 			d.LeaseLeft = "ended " + (-left).String() + " ago"
 		}
 	}
+	if e.Status == txhook.StatusQueued || e.Status == txhook.StatusInProgress {
+		stuck, err := db.New(h.db).AdminStuckEvent(ctx, db.AdminStuckEventParams{Source: source, EventKey: key})
+		if err != nil {
+			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("check the event's job: %w", err))
+			return
+		}
+		if len(stuck) > 0 {
+			d.Stuck = stuckReason(stuck[0])
+		}
+	}
 	h.render(w, r, http.StatusOK, "event", "events", "Event "+shorten(key, 40), d)
+}
+
+// stuckReason says why nothing will apply a stuck event.
+func stuckReason(s db.AdminStuckEventRow) string {
+	switch s.JobState {
+	case "":
+		return "its lease-mode claim was abandoned (the lease ended) and no job will take it over"
+	case "gone":
+		return fmt.Sprintf("its job %d was deleted before it applied the event", s.JobID)
+	}
+	return fmt.Sprintf("its job %d is %s and never applied the event", s.JobID, s.JobState)
 }
 
 // --- helpers ---

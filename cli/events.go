@@ -67,7 +67,7 @@ func runEventsList(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("events list", "events list [--source S] [--status S] [--type T] [--since AGE|TIME] [--limit N] [--json]")
 	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "only events of this source")
-	fs.StringVar(&f.Status, "status", "", "only events in this status: queued, in_progress, done or failed")
+	fs.StringVar(&f.Status, "status", "", "only events in this status: queued, in_progress, done or failed; or stuck (queued or in progress with nothing left to apply them: replay them)")
 	fs.StringVar(&f.Type, "type", "", "only events of this type")
 	since := fs.String("since", "", "only events created since: an age (90m, 36h, 7d) or a time (2006-01-02, RFC 3339)")
 	fs.IntVar(&f.Limit, "limit", 50, "show at most N events, newest first")
@@ -81,8 +81,10 @@ func runEventsList(ctx context.Context, c *cli, args []string) error {
 	}
 	switch f.Status {
 	case "", txhook.StatusQueued, txhook.StatusInProgress, txhook.StatusDone, txhook.StatusFailed:
+	case "stuck":
+		f.Status, f.Stuck = "", true
 	default:
-		return usagef("--status must be queued, in_progress, done or failed, got %q", f.Status)
+		return usagef("--status must be queued, in_progress, done, failed or stuck, got %q", f.Status)
 	}
 	if f.Limit < 1 {
 		return usagef("--limit must be at least 1")
