@@ -90,9 +90,14 @@
 //   - settled: a key whose row is done or failed; a delivery of it is a
 //     duplicate.
 //   - done: settled with its effects committed. failed: settled after a
-//     PermanentError, kept for replay (a dead letter).
+//     PermanentError (or, in inbox mode, the last try's error), kept for
+//     replay (a dead letter).
 //   - queued: inbox mode's accepted and not yet applied key (Accept); a
 //     delivery of it is a duplicate, and its job applies it (ApplyQueued).
+//   - stuck: a queued or in-progress event that nothing will apply any
+//     more: its queue job ended or is gone, or a lease-mode claim was
+//     abandoned (EventFilter.Stuck); inbox mode records its stuck events as
+//     failed (FailStuck), and a replay takes one over.
 //   - in flight: a key another delivery holds (its transaction has not
 //     ended, or its lease is live); the sender must retry later.
 //   - duplicate filter: the memory of done keys (Config.RecentKeys) and the
@@ -110,7 +115,7 @@
 //     (the token starts again at 1 for a key whose row was deleted).
 //   - idempotency key: a deterministic key per event and step
 //     (IdempotencyKey) for the external calls of lease mode.
-//   - replay: running a failed event again from its stored payload
-//     (Replayer, ReplayLease); the replay guard is the handler package's
+//   - replay: running a failed (or stuck) event again from its stored
+//     payload (Replayer, ReplayLease); the replay guard is the handler package's
 //     check for a signed body resent under a new key.
 package txhook

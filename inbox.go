@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -138,6 +139,18 @@ type QueuedJob struct {
 	// handler error then records the event as failed instead of being
 	// returned for a retry.
 	LastAttempt bool
+	// Attempt is the queue's number of this try: River's Job.Attempt, 1 for
+	// the first run and one more for each later one (River counts neither a
+	// run cut short by its shutdown nor a snoozed one). A try that writes
+	// the event's row (records its error, records it as failed, or applies
+	// it) sets the row's attempts to it, so that the two counts agree: a
+	// try whose worker was killed is counted by the next one. Zero when the
+	// queue does not count: attempts then counts the recorded failures.
+	Attempt int
+	// NextTry, if set, returns when the queue runs the job again after this
+	// try, which failed and will be retried: the log of a failed try calls
+	// it once, as the try ends (River's retry policy counts from then).
+	NextTry func() time.Time
 	// Complete, if set, runs in the transaction that settles the event,
 	// after the handler: the queue's own completion of the job (River's
 	// JobCompleteTx, for one), so that the event and its job settle
@@ -161,19 +174,31 @@ type QueuedJob struct {
 //   - when a lease-mode claim holds it (the key was claimed through
 //     ProcessLease), changes nothing: OutcomeInFlight with RetryAfter.
 //
-// h's error rolls everything back. A PermanentError, or any error of h's on
+// h's error rolls everything back. A PermanentError, or any error on
 // j.LastAttempt, then records the event as failed, with its payload, for an
 // operator to replay (Replayer): OutcomeFailed with Result.Err, j.Complete
 // not run. Any other error is recorded on the row (attempts, last error) and
-// returned: the queue retries the job, and the row stays queued. An error
-// that says the database could not be used (*UnavailableError), or a commit
-// of unknown outcome, is not h's failure: it is returned, and the row stays
-// queued, on the last attempt too.
+// returned: the queue retries the job, and the row stays queued. A panic in
+// h rolls back too and is recorded the same way ("handler panicked: " and
+// its value: a dead letter on j.LastAttempt, the try's error otherwise)
+// before it is raised again.
+//
+// Two errors are never h's failure, and are returned with the row left
+// queued, on the last attempt too: the queue must run the job again.
+//   - A database that could not be used or a commit of unknown outcome
+//     (errors matching ErrUnavailable or ErrCommitUnknown), recorded on the
+//     row when the database answers; the queue's retry finds the event
+//     settled or queued. Package inbox snoozes a job in this case on its
+//     last attempt rather than let River discard it.
+//   - A cancellation of ctx (context.Canceled, not its deadline): the queue
+//     is shutting down, and runs the job again after the restart (River
+//     does so without counting the try). A try whose ctx deadline ran out
+//     is h's failure.
+//
+// Every failed try is logged through Config.Logger.
 //
 // The transaction is retried, as Process's is, after a serialization
-// failure or deadlock. A *CommitUnknownError means the outcome cannot be
-// known: the queue's retry finds the event settled or queued. ctx bounds
-// the work up to COMMIT.
+// failure or deadlock. ctx bounds the work up to COMMIT.
 func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc) (Result, error) {
 	if h == nil {
 		return Result{}, errors.New("txhook: apply queued event: nil handler")
@@ -182,12 +207,17 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	var (
 		row     db.LockQueuedEventRow
 		settled bool
-		failed  bool // h returned an error
 		res     Result
 	)
+	defer func() {
+		if v := recover(); v != nil {
+			p.queuedTryFailed(ctx, j, row.EventType, fmt.Errorf("handler panicked: %v", v))
+			panic(v)
+		}
+	}()
 	err := engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
-			settled, failed = false, false // a retried transaction starts afresh
+			settled = false // a retried transaction starts afresh
 			var err error
 			row, err = db.New(q).LockQueuedEvent(ctx, db.LockQueuedEventParams{Source: j.Source, EventKey: j.Key})
 			switch {
@@ -211,7 +241,6 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 			}
 			ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 			if err := h(ctx, tx, ev); err != nil {
-				failed = true
 				if IsPermanent(err) {
 					return err
 				}
@@ -224,7 +253,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 			// The done mark travels with COMMIT (a job completion, a
 			// query, could not carry it).
 			if _, err := db.New(engine.Deferred(tx)).MarkQueuedDone(ctx, db.MarkQueuedDoneParams{
-				KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
+				Attempt: int32(j.Attempt), KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
 			}); err != nil {
 				return fmt.Errorf("mark event done: %w", err)
 			}
@@ -242,16 +271,25 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	case errors.Is(err, errRollback):
 		return res, nil
 	}
-	err = apiError(err)
-	if !failed || databaseFault(err) {
-		// Not the handler's failure: the queue's retry applies the event.
-		return Result{}, err
+	return p.queuedTryFailed(ctx, j, row.EventType, apiError(err))
+}
+
+// queuedTryFailed settles a try of j that failed with err: a database fault
+// is recorded on the row (when the database answers) and returned, a
+// cancellation of ctx only returned, a permanent error or any other on the
+// last attempt records the event as failed, any other is recorded on the
+// row and returned. Each is logged.
+func (p *Processor) queuedTryFailed(ctx context.Context, j QueuedJob, eventType string, err error) (Result, error) {
+	var res Result
+	switch {
+	case cancelled(ctx):
+	case databaseFault(err) || !(IsPermanent(err) || j.LastAttempt):
+		p.recordQueuedError(ctx, j, err)
+	default:
+		res, err = p.failQueued(ctx, j, err)
 	}
-	if IsPermanent(err) || j.LastAttempt {
-		return p.failQueued(ctx, j, err)
-	}
-	p.recordQueuedError(ctx, j, err)
-	return Result{}, err
+	p.logQueuedTry(ctx, j, eventType, res, err)
+	return res, err
 }
 
 // databaseFault reports whether err says the database could not be used or
@@ -259,6 +297,50 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 // event is never recorded as failed for it, on its last attempt either.
 func databaseFault(err error) bool {
 	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrCommitUnknown)
+}
+
+// cancelled reports whether ctx was cancelled (not timed out): a try that
+// failed then was cut short by the queue's shutdown, not failed by its
+// handler.
+func cancelled(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.Canceled)
+}
+
+// logQueuedTry logs a try of j that ended with res and err, when it failed:
+// the event recorded as failed (a dead letter), or the try's error and
+// whether and when the queue runs the job again.
+func (p *Processor) logQueuedTry(ctx context.Context, j QueuedJob, eventType string, res Result, err error) {
+	attrs := []slog.Attr{
+		slog.String("source", j.Source), slog.String("key", j.Key), slog.String("type", eventType),
+	}
+	if j.Attempt > 0 {
+		attrs = append(attrs, slog.Int("attempt", j.Attempt))
+	}
+	switch {
+	case err == nil && res.Outcome == OutcomeFailed:
+		attrs = append(attrs, slog.String("err", errorText(res.Err)))
+		p.log.LogAttrs(ctx, slog.LevelError, "txhook: inbox event failed: recorded as a dead letter, for a replay", attrs...)
+		return
+	case err == nil:
+		return
+	}
+	attrs = append(attrs, slog.String("err", errorText(err)))
+	retried := true // the queue runs the job again, at j.NextTry
+	level, msg := slog.LevelWarn, "txhook: inbox event try failed; its job runs again"
+	switch {
+	case cancelled(ctx):
+		retried = false // after the restart
+		level, msg = slog.LevelInfo, "txhook: inbox event try cut short by a shutdown; its job runs again after the restart"
+	case databaseFault(err):
+		msg = "txhook: inbox event try failed on a database fault, not the handler's; its job runs again"
+	case j.LastAttempt:
+		retried = false
+		level, msg = slog.LevelError, "txhook: inbox event's last try failed and could not be recorded as failed; FailStuck records it once its job has ended"
+	}
+	if retried && j.NextTry != nil {
+		attrs = append(attrs, slog.Time("next_try", j.NextTry()))
+	}
+	p.log.LogAttrs(ctx, level, msg, attrs...)
 }
 
 func (j QueuedJob) complete(ctx context.Context, tx pgx.Tx) error {
@@ -279,7 +361,8 @@ func (p *Processor) failQueued(ctx context.Context, j QueuedJob, herr error) (Re
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
 		n, err = q.MarkQueuedFailed(ctx, db.MarkQueuedFailedParams{
-			LastError: pgtype.Text{String: errorText(herr), Valid: true}, Source: j.Source, EventKey: j.Key,
+			Attempt: int32(j.Attempt), LastError: pgtype.Text{String: errorText(herr), Valid: true},
+			Source: j.Source, EventKey: j.Key,
 		})
 		return err
 	})
@@ -300,7 +383,8 @@ func (p *Processor) recordQueuedError(ctx context.Context, j QueuedJob, herr err
 	defer cancel()
 	_ = p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		_, err := q.RecordQueuedError(ctx, db.RecordQueuedErrorParams{
-			LastError: pgtype.Text{String: errorText(herr), Valid: true}, Source: j.Source, EventKey: j.Key,
+			Attempt: int32(j.Attempt), LastError: pgtype.Text{String: errorText(herr), Valid: true},
+			Source: j.Source, EventKey: j.Key,
 		})
 		return err
 	})
@@ -313,17 +397,19 @@ func (p *Processor) recordQueuedError(ctx context.Context, j QueuedJob, herr err
 // then, in one transaction, marks the event done conditional on the token,
 // runs the TxFunc Work returned (phase two) and j.Complete, and commits.
 // Pass Claim.IdempotencyKey to every external call: a takeover runs the work
-// again.
+// again. The token is the event's attempts, raised to j.Attempt when that is
+// higher (it still grows with every claim).
 //
 // Outcomes are ApplyQueued's: duplicate (settled or gone: only j.Complete
 // ran, in a transaction of its own), processed, in flight (a live claim
 // holds the event; retry after Result.RetryAfter), failed (Permanent, or any
-// error on j.LastAttempt but those that say the database could not be used
-// or a commit's outcome is unknown, and a lost claim). Any other error
-// releases the claim at once and is returned, for the queue to retry; a
-// claim lost during the work returns an error matching ErrLeaseLost, with
-// nothing of phase two committed.
-func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHandler) (Result, error) {
+// error or panic on j.LastAttempt but a database fault, a cancellation of
+// ctx and a lost claim). Any other error releases the claim at once and is
+// returned, for the queue to retry; a claim lost during the work returns an
+// error matching ErrLeaseLost, with nothing of phase two committed. A panic
+// releases the claim (or, on j.LastAttempt, records the event as failed) and
+// is raised again. Every failed try is logged through Config.Logger.
+func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHandler) (res Result, err error) {
 	s, err := h.settings()
 	if err != nil {
 		return Result{}, err
@@ -331,10 +417,22 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	p.crash.at(CrashInboxAfterFetch)
 	started := time.Now()
 	var row db.ClaimQueuedEventRow
+	defer func() {
+		if v := recover(); v != nil {
+			err := fmt.Errorf("handler panicked: %v", v)
+			if j.LastAttempt && !cancelled(ctx) {
+				p.logQueuedTry(ctx, j, row.EventType, Result{Outcome: OutcomeFailed, Err: err}, nil)
+			} else {
+				p.logQueuedTry(ctx, j, row.EventType, Result{}, err)
+			}
+			panic(v)
+		}
+		p.logQueuedTry(ctx, j, row.EventType, res, err)
+	}()
 	err = p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
 		row, err = q.ClaimQueuedEvent(ctx, db.ClaimQueuedEventParams{
-			LeaseMs: durationMs(s.lease), Source: j.Source, EventKey: j.Key,
+			Attempt: int32(j.Attempt), LeaseMs: durationMs(s.lease), Source: j.Source, EventKey: j.Key,
 		})
 		return err
 	})
@@ -347,7 +445,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
 	lastAttempt := func(err error) error {
-		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) && !databaseFault(err) {
+		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) && !databaseFault(err) && !cancelled(ctx) {
 			return Permanent(err)
 		}
 		return err
@@ -384,6 +482,49 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 		return Result{}, apiError(err)
 	}
 	return res, nil
+}
+
+// FailStuck records as failed the stuck inbox events of sources (of every
+// source when sources is empty): those queued, or in progress with their
+// lease ended, whose queue job is gone (deleted), completed, discarded or
+// cancelled, and which no job will therefore apply. Their jobs are River's,
+// looked up in riverSchema's river_job ("" for the one the search path
+// finds; without that table nothing is stuck). River gives a job up on its
+// last attempt when its worker was killed, and an operator may discard,
+// cancel or delete one; an event left so would otherwise stay queued for
+// ever. Each becomes a dead letter with its payload, for a replay
+// (Replayer), its last error naming its job, what became of the job and
+// the last error of either; each is logged through Config.Logger. It
+// returns the events it recorded (source, key, type, status, last error and
+// job). Package inbox runs it every minute on the River client's leader.
+//
+// An event whose job is live (available, scheduled, retryable, running or
+// pending) is never touched, nor one a concurrent apply holds: it is
+// locked, and checked again, before it is changed. The search goes through
+// the partial indexes of queued and in-progress rows and the job table's
+// primary key.
+func (p *Processor) FailStuck(ctx context.Context, riverSchema string, sources []string) ([]EventRecord, error) {
+	if len(sources) == 0 {
+		sources = nil // every source
+	}
+	var rows []db.FailStuckEventsRow
+	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
+		var err error
+		rows, err = q.FailStuckEvents(ctx, db.FailStuckEventsParams{Sources: sources, RiverSchema: optText(riverSchema)})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fail stuck events: %w", directError(err))
+	}
+	out := make([]EventRecord, len(rows))
+	for i, r := range rows {
+		out[i] = EventRecord{Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: StatusFailed,
+			LastError: r.LastError.String, JobID: r.JobID.Int64}
+		p.log.LogAttrs(ctx, slog.LevelError, "txhook: stuck inbox event recorded as a dead letter, for a replay",
+			slog.String("source", r.Source), slog.String("key", r.EventKey), slog.String("type", r.EventType),
+			slog.Int64("job_id", r.JobID.Int64), slog.String("err", r.LastError.String))
+	}
+	return out, nil
 }
 
 // QueueStats describes inbox mode's queue: the events accepted and not yet

@@ -199,9 +199,10 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 // then phase two in one transaction: the done mark first, so that a lost
 // claim is found before the business writes and the row stays locked against
 // takeovers until COMMIT (it travels with BEGIN), then work's writes and
-// then, if set, also's (inbox mode completes its job there). An error ends the claim (leaseFailed, which replay, set for
-// an operator's replay, passes on), after failWrap, when set, has had its say
-// (inbox mode makes its last attempt's error permanent).
+// then, if set, also's (inbox mode completes its job there). An error or a
+// panic ends the claim (leaseFailed, which replay, set for an operator's
+// replay, passes on), after failWrap, when set, has had its say (inbox mode
+// makes its last attempt's error permanent).
 func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, started time.Time, replay bool,
 	work LeaseFunc, also TxFunc, failWrap func(error) error) (Result, error) {
 	p.crash.at(CrashLeaseAfterClaim)
@@ -215,7 +216,11 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 		// A panicking handler releases its claim like a failing one, so that
 		// the retry need not wait for the lease to run out.
 		if v := recover(); v != nil {
-			p.leaseFailed(ctx, c, ev.Payload, fmt.Errorf("handler panicked: %v", v), replay)
+			err := fmt.Errorf("handler panicked: %v", v)
+			if failWrap != nil {
+				err = failWrap(err)
+			}
+			p.leaseFailed(ctx, c, ev.Payload, err, replay)
 			panic(v)
 		}
 	}()

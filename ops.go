@@ -47,7 +47,10 @@ type EventRecord struct {
 	Type   string `json:"type"`
 	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
 	Status string `json:"status"`
-	// Attempts counts the claims and replays of the event.
+	// Attempts counts the tries of the event: the claims and replays of a
+	// lease-mode event (its fencing token), the replays of a dead letter,
+	// and for an inbox event its queue's tries (River's attempt of the try
+	// that last wrote the row: a queued event not tried yet shows 1).
 	Attempts  int       `json:"attempts"`
 	CreatedAt time.Time `json:"created_at"`
 	ClaimedAt time.Time `json:"claimed_at"`
@@ -71,11 +74,22 @@ type EventRecord struct {
 // EventFilter selects events for ListEvents. Empty fields do not filter.
 type EventFilter struct {
 	Source string
+	// Key keeps the event with this key (of any source unless Source is
+	// set).
+	Key string
 	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
 	Status string
 	Type   string
 	// Since keeps events created at or after it.
 	Since time.Time
+	// Stuck keeps only the events that nothing will apply any more: inbox
+	// mode's events, queued or in progress with their lease ended, whose
+	// River job is gone, completed, discarded or cancelled (see FailStuck;
+	// River's table is the one the search path finds), and lease mode's
+	// claims abandoned in progress with their lease ended (the worker died,
+	// or released the claim after an error; the sender may still retry).
+	// Replayer.Replay replays any of them.
+	Stuck bool
 	// Limit bounds the number of events returned. Defaults to 100.
 	Limit int
 }
@@ -107,13 +121,24 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	if err := checkStatus(f.Status); err != nil {
 		return nil, err
 	}
-	rows, err := db.New(q).ListEvents(ctx, db.ListEventsParams{
+	p := db.ListEventsParams{
 		Source:    optText(f.Source),
+		EventKey:  optText(f.Key),
 		Status:    optText(f.Status),
 		EventType: optText(f.Type),
 		Since:     pgtype.Timestamptz{Time: f.Since, Valid: !f.Since.IsZero()},
 		MaxRows:   limit,
-	})
+	}
+	var rows []db.ListEventsRow
+	if f.Stuck {
+		var stuck []db.ListStuckEventsRow
+		stuck, err = db.New(q).ListStuckEvents(ctx, db.ListStuckEventsParams(p))
+		for _, r := range stuck {
+			rows = append(rows, db.ListEventsRow(r))
+		}
+	} else {
+		rows, err = db.New(q).ListEvents(ctx, p)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}

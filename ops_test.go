@@ -18,6 +18,7 @@ func TestListEventsFilters(t *testing.T) {
 	opsSeed(t, d.Pool, "done", "new-", 2, time.Minute)
 	opsSeed(t, d.Pool, "failed", "fail-", 2, time.Hour)
 	opsSeed(t, d.Pool, "in_progress", "stuck-", 1, 2*time.Hour)
+	opsSeed(t, d.Pool, "queued", "queued-", 1, 30*time.Minute)
 
 	keys := func(f txhook.EventFilter) string {
 		t.Helper()
@@ -36,11 +37,20 @@ func TestListEventsFilters(t *testing.T) {
 		want string
 	}{
 		// Newest first; rows of one age by key.
-		{txhook.EventFilter{}, "new-1 new-2 fail-1 fail-2 stuck-1 old-1 old-2 old-3"},
-		{txhook.EventFilter{Limit: 3}, "new-1 new-2 fail-1"},
+		{txhook.EventFilter{}, "new-1 new-2 queued-1 fail-1 fail-2 stuck-1 old-1 old-2 old-3"},
+		{txhook.EventFilter{Limit: 3}, "new-1 new-2 queued-1"},
 		{txhook.EventFilter{Status: txhook.StatusFailed}, "fail-1 fail-2"},
 		{txhook.EventFilter{Status: txhook.StatusInProgress}, "stuck-1"},
-		{txhook.EventFilter{Since: time.Now().Add(-90 * time.Minute)}, "new-1 new-2 fail-1 fail-2"},
+		{txhook.EventFilter{Status: txhook.StatusQueued}, "queued-1"},
+		{txhook.EventFilter{Since: time.Now().Add(-90 * time.Minute)}, "new-1 new-2 queued-1 fail-1 fail-2"},
+		// Stuck without River's table: the lease-mode claim whose lease ended
+		// (the queued row has no job to judge it by).
+		{txhook.EventFilter{Stuck: true}, "stuck-1"},
+		{txhook.EventFilter{Stuck: true, Status: txhook.StatusQueued}, ""},
+		{txhook.EventFilter{Stuck: true, Source: "elsewhere"}, ""},
+		{txhook.EventFilter{Key: "fail-2"}, "fail-2"},
+		{txhook.EventFilter{Key: "stuck-1", Stuck: true}, "stuck-1"},
+		{txhook.EventFilter{Key: "fail-1", Stuck: true}, ""},
 		{txhook.EventFilter{Source: "elsewhere"}, ""},
 		{txhook.EventFilter{Type: "thing.happened", Status: txhook.StatusDone, Limit: 1}, "new-1"},
 	} {

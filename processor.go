@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -147,6 +148,11 @@ type Config struct {
 	// handler there. Defaults to none: Process and ProcessLease, which take
 	// their handler as an argument, still work.
 	Routes *Routes
+	// Logger receives a record for every failed try of an inbox event
+	// (ApplyQueued, ApplyQueuedLease: the event, the try's number, the error
+	// and what follows, the next try or the dead letter) and for every stuck
+	// event recorded as failed (FailStuck). Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Processor applies events exactly once. It is safe for concurrent use, and
@@ -182,6 +188,7 @@ type Processor struct {
 	filter dupFilter
 	routes *Routes
 	queue  atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
+	log    *slog.Logger
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -213,6 +220,9 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.RecentKeysTTL == 0 {
 		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	direct, _ := db.(engine.Querier)
 	return &Processor{
 		db:              db,
@@ -226,6 +236,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		direct:          direct,
 		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 		routes:          c.Routes,
+		log:             c.Logger,
 	}, nil
 }
 

@@ -17,15 +17,15 @@ import (
 )
 
 // opsSeed inserts n rows with keys prefix1..prefixN in the given status,
-// created and (unless in progress) completed age ago. In-progress rows get a
-// lease that ended a minute after their claim.
+// created and (unless in progress or queued) completed age ago. In-progress
+// rows get a lease that ended a minute after their claim.
 func opsSeed(t testing.TB, pool *pgxpool.Pool, status, prefix string, n int, age time.Duration) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
 		INSERT INTO txhook_processed_events
 			(source, event_key, event_type, status, created_at, claimed_at, completed_at, lease_expires_at, last_error, payload)
 		SELECT 'test', $1 || g, 'thing.happened', $2, now() - $3::interval, now() - $3::interval,
-		       CASE WHEN $2 = 'in_progress' THEN NULL ELSE now() - $3::interval END,
+		       CASE WHEN $2 IN ('in_progress', 'queued') THEN NULL ELSE now() - $3::interval END,
 		       CASE WHEN $2 = 'in_progress' THEN now() - $3::interval + interval '1 minute' END,
 		       CASE WHEN $2 = 'failed' THEN 'permanent: boom' END,
 		       convert_to('{"n":' || g || '}', 'UTF8')
@@ -59,6 +59,10 @@ func TestPruneDeletesOnlyOldFinishedRows(t *testing.T) {
 	opsSeed(t, d.Pool, "done", "recent-", 10, 24*time.Hour)
 	opsSeed(t, d.Pool, "failed", "oldfail-", 5, month)
 	opsSeed(t, d.Pool, "in_progress", "stuck-", 5, month)
+	// Queued in inbox mode a month ago, their jobs still retrying (River's
+	// 25 tries take about three weeks): never pruned, or the jobs would
+	// find them gone and the events would be lost.
+	opsSeed(t, d.Pool, "queued", "waiting-", 5, month)
 
 	dry, err := txhook.Prune(t.Context(), d.Pool, txhook.PruneOptions{DryRun: true})
 	if err != nil {
@@ -88,7 +92,7 @@ func TestPruneDeletesOnlyOldFinishedRows(t *testing.T) {
 	if age := time.Since(res.Cutoff); age < txhook.DefaultRetention-time.Minute || age > txhook.DefaultRetention+time.Minute {
 		t.Errorf("cutoff %v is %v ago, want the default retention", res.Cutoff, age)
 	}
-	for prefix, want := range map[string]int{"old-": 0, "recent-": 10, "oldfail-": 5, "stuck-": 5} {
+	for prefix, want := range map[string]int{"old-": 0, "recent-": 10, "oldfail-": 5, "stuck-": 5, "waiting-": 5} {
 		if n := opsCount(t, d.Pool, "", prefix); n != want {
 			t.Errorf("%s rows = %d, want %d", prefix, n, want)
 		}
@@ -104,17 +108,21 @@ func TestPruneDeletesOnlyOldFinishedRows(t *testing.T) {
 	if n := opsCount(t, d.Pool, "in_progress", "stuck-"); n != 5 {
 		t.Errorf("in-progress rows = %d, want all 5 kept", n)
 	}
+	if n := opsCount(t, d.Pool, "queued", "waiting-"); n != 5 {
+		t.Errorf("queued rows = %d, want all 5 kept", n)
+	}
 	if n := opsCount(t, d.Pool, "", "oldfail-"); n != 0 {
 		t.Errorf("old failed rows = %d, want 0", n)
 	}
 
-	// A short retention reaches the recent rows, never the in-progress ones.
+	// A short retention reaches the recent rows, never the in-progress or
+	// queued ones.
 	res, err = txhook.Prune(t.Context(), d.Pool, txhook.PruneOptions{OlderThan: time.Hour, IncludeFailed: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Deleted != 10 || opsCount(t, d.Pool, "", "") != 5 {
-		t.Errorf("prune of 1h deleted %d, %d rows left; want 10 deleted and the 5 in progress left", res.Deleted, opsCount(t, d.Pool, "", ""))
+	if res.Deleted != 10 || opsCount(t, d.Pool, "", "") != 10 {
+		t.Errorf("prune of 1h deleted %d, %d rows left; want 10 deleted and the 5 in progress and 5 queued left", res.Deleted, opsCount(t, d.Pool, "", ""))
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 	"github.com/txhook/txhook/internal/engine"
 )
 
-// Errors of Replay. The event's row is left unchanged with each of them.
+// Errors of Replay. The event's row is left unchanged with each of them
+// (but a stuck event's: see Replay).
 var (
 	// ErrNoPayload: the event's payload was not stored (Config.StorePayload
 	// was off when it was delivered), so there is nothing to replay; ask the
@@ -22,7 +23,7 @@ var (
 	ErrNoHandler = errors.New("txhook: no handler for event type")
 	// ErrNotFailed: the event is not failed: in progress (held by a
 	// lease-mode delivery, and the Replayer knows no lease handler for its
-	// type) or queued (inbox mode: its job applies it).
+	// type) or queued (inbox mode: its job, still live, applies it).
 	ErrNotFailed = errors.New("txhook: event is not failed")
 )
 
@@ -92,11 +93,11 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 //     rolled back and the event stays failed with the new error (Result.Err)
 //     and one more attempt.
 //
-// Any error means nothing changed: the event is not found (ErrEventNotFound),
-// in progress (ErrNotFailed), without a stored payload (ErrNoPayload) or
-// without a handler (ErrNoHandler), or the handler returned an error that is
-// not permanent, which rolls everything back and leaves the event failed as
-// it was. A *CommitUnknownError means the outcome cannot be known.
+// Any error means nothing changed (but for a stuck event, below): the event
+// is not found (ErrEventNotFound), in progress or queued (ErrNotFailed),
+// without a stored payload (ErrNoPayload) or without a handler
+// (ErrNoHandler), or the handler returned an error that is not permanent,
+// which rolls everything back and leaves the event failed as it was. A *CommitUnknownError means the outcome cannot be known.
 //
 // An event of a lease-mode type (see ReplayerConfig.LeaseLookup) is replayed
 // with Processor.ReplayLease instead, under a new claim (one more attempt);
@@ -106,7 +107,17 @@ func NewReplayer(db Beginner, lookup HandlerLookup, cfg *ReplayerConfig) (*Repla
 // (its worker died, or released the claim after an error and the sender
 // never retried) is replayed the same way, its claim taken over; while a
 // claim is live the result is OutcomeInFlight and nothing ran.
+//
+// An inbox event that is stuck (queued, or in progress with its lease ended,
+// while its River job is gone, completed, discarded or cancelled: see
+// Processor.FailStuck) is first recorded as failed, as FailStuck does, its
+// row locked and checked, and then replayed as a dead letter: it stays one
+// if the replay fails. An event whose job is still live is never taken
+// over: its job applies it (ErrNotFailed while it is queued).
 func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, error) {
+	if err := r.failStuck(ctx, source, key); err != nil {
+		return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+	}
 	if r.leaseLookup != nil {
 		if res, ok, err := r.replayLease(ctx, source, key); ok {
 			return res, err
@@ -141,6 +152,19 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 		return res, nil
 	}
 	return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+}
+
+// failStuck records the event source/key as failed when it is a stuck inbox
+// event (see Processor.FailStuck), so that it is replayed as a dead letter.
+func (r *Replayer) failStuck(ctx context.Context, source, key string) error {
+	err := RunTx(ctx, r.db, &TxOptions{FinishTimeout: r.run.FinishTimeout}, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := db.New(tx).FailStuckEvents(ctx, db.FailStuckEventsParams{Source: optText(source), EventKey: optText(key)})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("take over stuck event: %w", err)
+	}
+	return nil
 }
 
 // replayLease replays a failed event of a lease-mode type, or one whose

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
@@ -27,20 +28,29 @@ type Config struct {
 	// Replayer replays dead letters through the application's handlers.
 	// Without it (the default) the console offers Discard but not Replay.
 	Replayer *txhook.Replayer
-	// User returns the name of the user making a request, for the log of
-	// writes (for example the HTTP basic auth user that the application's
-	// middleware checked). Defaults to none: writes are logged as "unknown".
+	// User returns the name of the user making a request (for example the
+	// HTTP basic auth user that the application's middleware checked). It
+	// is logged with every write, and the CSRF token of a page is valid for
+	// that user only: a form (and its cookie) taken to another user's
+	// requests is refused. Defaults to none: writes are logged as
+	// "unknown", and a token is valid for whoever holds its cookie.
 	User func(*http.Request) string
 	// Logger receives a line for every write: who, what and the outcome.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// HidePayloads shows only the size of stored payloads, which may hold
-	// personal data. Defaults to false: payloads are shown.
+	// HidePayloads keeps stored payloads, which may hold personal data, out
+	// of the console: pages show only their size, and there is no download.
+	// Handler errors often quote the payload they failed on, so they are
+	// hidden too: an event's last error on the pages, and a replay's new
+	// error on its result page and in the log of writes (txhook's own
+	// reasons, such as a payload not stored, are still shown). Defaults to
+	// false: payloads and errors are shown.
 	HidePayloads bool
 	// PageSize is the number of events on a page. Defaults to 50; at most
 	// 500.
 	PageSize int
-	// QueryTimeout bounds the queries of one request. Defaults to 10 s.
+	// QueryTimeout bounds the queries of one request (of a payload's
+	// download: each chunk's query). Defaults to 10 s.
 	QueryTimeout time.Duration
 	// ChartHours is how many hours the overview's chart of events settled
 	// per minute covers. Defaults to 3; at most 24.
@@ -104,6 +114,7 @@ func New(db txhook.Querier, cfg *Config) *Handler {
 	mux.HandleFunc("GET /{$}", h.overview)
 	mux.HandleFunc("GET /events", h.events)
 	mux.HandleFunc("GET /event", h.event)
+	mux.HandleFunc("GET /payload", h.payload)
 	mux.HandleFunc("GET /dead-letters", h.deadLetters)
 	mux.HandleFunc("POST /replay", h.replay)
 	mux.HandleFunc("POST /discard", h.discard)
@@ -133,31 +144,51 @@ func serveStyle(w http.ResponseWriter, r *http.Request) {
 }
 
 // The CSRF token is a signed double-submit cookie: the cookie holds a random
-// value, and every form carries its HMAC under a key that lives only in this
-// Handler. A write must present both, and they must match.
+// value, and every form carries an HMAC of it and of the user that
+// Config.User names, under a key that lives only in this Handler (or in
+// Config.CSRFKey). A write must present both, from the same user. Over TLS
+// the cookie is a __Host- cookie (Secure, Path=/, no Domain): no other
+// host, and no plain-http page of this one, can set or replace it.
 const (
 	csrfCookie = "txhook_csrf"
 	csrfField  = "csrf"
 )
 
+// csrfCookieName is the CSRF cookie's name for r: with the __Host- prefix
+// over TLS, where the cookie is Secure; without it on plain http, where a
+// browser would refuse a Secure (and so a __Host-) cookie.
+func csrfCookieName(r *http.Request) string {
+	if r.TLS != nil {
+		return "__Host-" + csrfCookie
+	}
+	return csrfCookie
+}
+
 // csrfToken returns the form token for r, setting the cookie when r has
 // none.
 func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
-	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
-		return h.sign(c.Value)
+	name := csrfCookieName(r)
+	if c, err := r.Cookie(name); err == nil && len(c.Value) == 64 {
+		return h.sign(r, c.Value)
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
 	v := hex.EncodeToString(b)
 	http.SetCookie(w, &http.Cookie{
-		Name: csrfCookie, Value: v, Path: "/", HttpOnly: true,
+		Name: name, Value: v, Path: "/", HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
-	return h.sign(v)
+	return h.sign(r, v)
 }
 
-func (h *Handler) sign(v string) string {
+// sign returns the token for the cookie value v and the user making r.
+func (h *Handler) sign(r *http.Request, v string) string {
+	var user string
+	if h.cfg.User != nil {
+		user = h.cfg.User(r)
+	}
 	m := hmac.New(sha256.New, h.csrfKey)
+	fmt.Fprintf(m, "%d:%s", len(user), user) // length-prefixed: user and value cannot run into each other
 	m.Write([]byte(v))
 	return hex.EncodeToString(m.Sum(nil))
 }
@@ -167,15 +198,15 @@ func (h *Handler) checkCSRF(r *http.Request) bool {
 	if h.cop.Check(r) != nil {
 		return false
 	}
-	c, err := r.Cookie(csrfCookie)
-	if err != nil || c.Value == "" {
+	c, err := r.Cookie(csrfCookieName(r))
+	if err != nil || len(c.Value) != 64 {
 		return false
 	}
 	got, err := hex.DecodeString(r.PostFormValue(csrfField))
 	if err != nil {
 		return false
 	}
-	want, _ := hex.DecodeString(h.sign(c.Value))
+	want, _ := hex.DecodeString(h.sign(r, c.Value))
 	return hmac.Equal(got, want)
 }
 

@@ -28,8 +28,19 @@
 //     through the index of queued rows; shown only while events are queued:
 //     an empty queue, or no inbox mode, shows nothing).
 //   - Events: filtered by source, status, type and time, a page at a time.
-//   - Event: every column of one event, its payload (pretty-printed JSON),
-//     and for lease mode its lease and fencing token.
+//     The status filter also lists inbox mode's queued events and the stuck
+//     ones: queued or in progress while nothing will apply them (their River
+//     job has ended or is gone, or a lease-mode claim was abandoned; see
+//     txhook.EventFilter.Stuck).
+//   - Event: every column of one event, its payload (pretty-printed JSON;
+//     only the first 64 KiB of a larger one, read as such from the
+//     database) with a link to download it whole, and for lease mode its
+//     lease and fencing token. A stuck event says why and offers Replay,
+//     which takes it over (txhook.Replayer.Replay).
+//   - Payload: the whole payload as a download (attachment, never
+//     rendered), read from the database and sent 2 MiB at a time, so that
+//     a payload of 25 MB costs the process no more memory than one of
+//     2 MiB.
 //   - Dead letters: failed events, with Replay and Discard for one or the
 //     selected ones.
 //
@@ -46,15 +57,21 @@
 //
 // Replay and Discard change the table only when Config.AllowWrites is set;
 // otherwise the pages show no write buttons and the console answers every
-// write 403. Every write is a POST carrying a CSRF token (a signed
-// double-submit cookie; cross-origin POSTs are also refused by
-// http.CrossOriginProtection) and is logged with the user that Config.User
-// names. Replay goes through the application's txhook.Replayer, with the
-// exactly-once rules of a delivery.
+// write 403. Every write is a POST carrying a CSRF token and is logged with
+// the user that Config.User names. The token is a signed double-submit
+// cookie: an HMAC of the cookie's random value and of that user, so it is
+// good only with its cookie and for its user (without Config.User, for
+// whoever holds both). Over TLS the cookie is __Host-txhook_csrf (Secure,
+// Path=/, no Domain); on plain http, including behind a proxy that
+// terminates TLS, it is txhook_csrf, not Secure. Cross-origin POSTs are also
+// refused by http.CrossOriginProtection. Replay goes through the
+// application's txhook.Replayer, with the exactly-once rules of a delivery.
 //
 // # What it shows
 //
 // The console shows what the events table holds: keys, types, statuses,
 // errors and payloads. It holds no secret of its own. Payloads may hold
-// personal data: Config.HidePayloads shows only their size.
+// personal data: Config.HidePayloads shows only their size, and hides the
+// handlers' errors too (on the pages and in the log of writes), since an
+// error often quotes the payload it failed on.
 package admin

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -14,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook"
@@ -285,9 +285,9 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, nav, title string) {
 	switch f.Status {
-	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress:
+	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress, txhook.StatusQueued, statusStuck:
 	default:
-		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed or in_progress", f.Status))
+		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed, in_progress, queued or stuck", f.Status))
 		return
 	}
 	ctx, cancel := h.ctx(r)
@@ -311,33 +311,34 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 		return
 	}
 	limit := int32(h.cfg.PageSize + 1) // one more: is there a next page?
-	var evs []txhook.EventRecord
 	d := listData{Filters: f, TimeColumn: "completed", IsFirst: cur.isFirst()}
-	if f.Status == txhook.StatusFailed || f.Status == txhook.StatusInProgress {
+	pp := db.AdminSettledPageParams{
+		Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
+		BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
+	}
+	var rows []db.AdminSettledPageRow
+	switch f.Status {
+	case txhook.StatusFailed, txhook.StatusInProgress:
 		d.TimeColumn = "created"
-		rows, err := q.AdminOpenPage(ctx, db.AdminOpenPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(db.AdminSettledPageRow(e)))
-		}
-	} else {
-		rows, err := q.AdminSettledPage(ctx, db.AdminSettledPageParams{
-			Status: f.Status, Source: f.Source, EventType: f.Type, Since: ts(since),
-			BeforeAt: cur.at, BeforeSource: cur.source, BeforeKey: cur.key, MaxRows: limit,
-		})
-		if err != nil {
-			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
-			return
-		}
-		for _, e := range rows {
-			evs = append(evs, record(e))
-		}
+		rows, err = pageRows(q.AdminOpenPage(ctx, db.AdminOpenPageParams(pp)))
+	case txhook.StatusQueued:
+		d.TimeColumn = "created"
+		rows, err = pageRows(q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
+	case statusStuck:
+		d.TimeColumn = "created"
+		rows, err = pageRows(q.AdminStuckPage(ctx, db.AdminStuckPageParams{Source: pp.Source, EventType: pp.EventType,
+			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
+	default:
+		rows, err = q.AdminSettledPage(ctx, pp)
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list events: %w", err))
+		return
+	}
+	var evs []txhook.EventRecord
+	for _, e := range rows {
+		evs = append(evs, record(e))
 	}
 	if len(evs) > h.cfg.PageSize {
 		evs = evs[:h.cfg.PageSize]
@@ -363,14 +364,22 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 	if len(v) > 0 {
 		d.First += "?" + v.Encode()
 	}
+	for i := range evs {
+		evs[i].LastError = h.shownError(evs[i].LastError)
+	}
 	d.Events = evs
 	if d.Sources, err = q.AdminSources(ctx); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("list sources: %w", err))
 		return
 	}
-	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"}}
+	d.Statuses = [][2]string{{"", "done or failed"}, {"done", "done"}, {"failed", "failed"}, {"in_progress", "in progress"},
+		{"queued", "queued (inbox)"}, {statusStuck, "stuck: nothing will apply them"}}
 	h.render(w, r, http.StatusOK, page, nav, title, d)
 }
+
+// statusStuck is the events page's filter of stuck events: queued or in
+// progress, and nothing will apply them (txhook.EventFilter.Stuck).
+const statusStuck = "stuck"
 
 type cursor struct {
 	at          pgtype.Timestamptz
@@ -393,6 +402,16 @@ func parseCursor(r *http.Request) (cursor, error) {
 	return cursor{at: ts(t), source: r.FormValue("before_source"), key: r.FormValue("before_key")}, nil
 }
 
+// pageRows returns the rows of a page query as AdminSettledPage's, whose
+// columns they share.
+func pageRows[R db.AdminOpenPageRow | db.AdminQueuedPageRow | db.AdminStuckPageRow](rows []R, err error) ([]db.AdminSettledPageRow, error) {
+	out := make([]db.AdminSettledPageRow, len(rows))
+	for i, r := range rows {
+		out[i] = db.AdminSettledPageRow(r)
+	}
+	return out, err
+}
+
 func record(r db.AdminSettledPageRow) txhook.EventRecord {
 	return txhook.EventRecord{
 		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
@@ -405,37 +424,56 @@ func record(r db.AdminSettledPageRow) txhook.EventRecord {
 // --- one event ---
 
 type eventData struct {
-	E            txhook.EventRecord
-	Payload      string
-	PayloadNote  string
+	E           txhook.EventRecord
+	Payload     string
+	PayloadNote string
+	// PayloadCut says that Payload is only the start of the payload, or is
+	// empty.
+	PayloadCut string
+	// Download is the address of the payload's download, empty when there
+	// is none to offer.
+	Download     string
 	LeaseLeft    string
 	Now          time.Time
 	HidePayloads bool
+	// Stuck says why nothing will apply the event, when it is queued or in
+	// progress and stuck (txhook.EventFilter.Stuck); a replay takes it over.
+	Stuck string
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	source, key := r.FormValue("source"), r.FormValue("key")
-	e, err := txhook.GetEventRecord(ctx, h.db, source, key)
-	if errors.Is(err, txhook.ErrEventNotFound) {
+	preview := int32(previewBytes)
+	if h.cfg.HidePayloads {
+		preview = 0 // not a byte of it is read
+	}
+	row, err := db.New(h.db).AdminEvent(ctx, db.AdminEventParams{Source: source, EventKey: key, PreviewBytes: preview})
+	if errors.Is(err, pgx.ErrNoRows) {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no event with source %q and key %q (never delivered, or pruned)", source, key))
 		return
 	}
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
+		h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("read event: %w", err))
 		return
 	}
-	payload := e.Payload
-	e.Payload = nil // the page shows d.Payload only: hidden stays hidden
+	e := txhook.EventRecord{
+		Source: row.Source, Key: row.EventKey, Type: row.EventType, Status: row.Status,
+		Attempts: int(row.Attempts), CreatedAt: row.CreatedAt.Time, ClaimedAt: row.ClaimedAt.Time,
+		LeaseExpiresAt: row.LeaseExpiresAt.Time, CompletedAt: row.CompletedAt.Time,
+		LastError: h.shownError(row.LastError.String), HasPayload: row.HasPayload, PayloadSize: int(row.PayloadSize),
+		JobID: row.JobID.Int64,
+	}
 	d := eventData{E: e, Now: time.Now(), HidePayloads: h.cfg.HidePayloads}
 	switch {
 	case !e.HasPayload:
 		d.PayloadNote = "not stored: replay needs the payload (txhook.Config.StorePayload)"
 	case h.cfg.HidePayloads:
-		d.PayloadNote = fmt.Sprintf("%d bytes, hidden by the console's configuration", e.PayloadSize)
+		d.PayloadNote = fmt.Sprintf("%s, hidden by the console's configuration", byteSize(e.PayloadSize))
 	default:
-		d.Payload, d.PayloadNote = showPayload(payload)
+		d.Payload, d.PayloadNote, d.PayloadCut = showPayload(row.Preview, e.PayloadSize)
+		d.Download = payloadURL(source, key)
 	}
 	if e.Status == txhook.StatusInProgress && !e.LeaseExpiresAt.IsZero() {
 		if left := time.Until(e.LeaseExpiresAt).Round(time.Second); left > 0 {
@@ -444,23 +482,44 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 			d.LeaseLeft = "ended " + (-left).String() + " ago"
 		}
 	}
+	if e.Status == txhook.StatusQueued || e.Status == txhook.StatusInProgress {
+		stuck, err := db.New(h.db).AdminStuckEvent(ctx, db.AdminStuckEventParams{Source: source, EventKey: key})
+		if err != nil {
+			h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("check the event's job: %w", err))
+			return
+		}
+		if len(stuck) > 0 {
+			d.Stuck = stuckReason(stuck[0])
+		}
+	}
 	h.render(w, r, http.StatusOK, "event", "events", "Event "+shorten(key, 40), d)
 }
 
-// showPayload returns the payload as text to show (indented when it is
-// JSON) and a note on its form.
-func showPayload(p []byte) (text, note string) {
-	var b bytes.Buffer
-	if json.Valid(p) && json.Indent(&b, p, "", "  ") == nil {
-		return b.String(), fmt.Sprintf("%d bytes, JSON", len(p))
+// stuckReason says why nothing will apply a stuck event.
+func stuckReason(s db.AdminStuckEventRow) string {
+	switch s.JobState {
+	case "":
+		return "its lease-mode claim was abandoned (the lease ended) and no job will take it over"
+	case "gone":
+		return fmt.Sprintf("its job %d was deleted before it applied the event", s.JobID)
 	}
-	if utf8.Valid(p) {
-		return string(p), fmt.Sprintf("%d bytes, text", len(p))
-	}
-	return base64.StdEncoding.EncodeToString(p), fmt.Sprintf("%d bytes, binary (shown in base64)", len(p))
+	return fmt.Sprintf("its job %d is %s and never applied the event", s.JobID, s.JobState)
 }
 
 // --- helpers ---
+
+// errorHidden stands for an error's text with Config.HidePayloads.
+const errorHidden = "hidden by the console's configuration (errors may quote payloads)"
+
+// shownError is what the console shows and logs of an event's error: the
+// text, or with Config.HidePayloads a note that it is hidden, since a
+// handler's error often quotes the payload it failed on.
+func (h *Handler) shownError(s string) string {
+	if s == "" || !h.cfg.HidePayloads {
+		return s
+	}
+	return errorHidden
+}
 
 func ts(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
 

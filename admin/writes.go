@@ -84,14 +84,14 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 		row := resultRow{Source: t[0], Key: t[1]}
 		switch {
 		case err != nil:
-			row.Message = "not replayed: " + err.Error()
+			row.Message = "not replayed: " + h.replayError(err)
 		case res.Outcome == txhook.OutcomeProcessed:
 			row.OK, row.Message = true, "replayed: processed, the event is done"
 			d.Done++
 		case res.Outcome == txhook.OutcomeDuplicate:
 			row.OK, row.Message = true, "already done: nothing ran"
 		case res.Outcome == txhook.OutcomeFailed:
-			row.Message = "failed again (still a dead letter): " + fmt.Sprint(res.Err)
+			row.Message = "failed again (still a dead letter): " + h.shownError(fmt.Sprint(res.Err))
 		case res.Outcome == txhook.OutcomeInFlight:
 			row.Message = "not replayed: another replay or delivery holds the event; try again"
 		default:
@@ -130,4 +130,17 @@ func (h *Handler) discard(w http.ResponseWriter, r *http.Request) {
 		d.Rows = append(d.Rows, row)
 	}
 	h.render(w, r, http.StatusOK, "result", "dead-letters", "Discard", d)
+}
+
+// replayError is what the console shows and logs of an error of Replay:
+// with Config.HidePayloads only txhook's own reasons (no payload, no
+// handler, not failed, not found) are shown; any other error may come from
+// the handler, and is hidden as shownError hides it.
+func (h *Handler) replayError(err error) string {
+	for _, known := range []error{txhook.ErrNoPayload, txhook.ErrNoHandler, txhook.ErrNotFailed, txhook.ErrEventNotFound} {
+		if errors.Is(err, known) {
+			return err.Error()
+		}
+	}
+	return h.shownError(err.Error())
 }

@@ -232,7 +232,12 @@ func (c *cli) exit(name string, err error) int {
 func (c *cli) newFlags(name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(c.name+" "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&c.databaseURL, "database-url", c.databaseURL, "PostgreSQL URL (default: $DATABASE_URL)")
+	// A Func flag has no default to print: the URL given before the
+	// command, which may hold a password, stays out of --help.
+	fs.Func("database-url", "PostgreSQL `URL` (default: $DATABASE_URL)", func(s string) error {
+		c.databaseURL = s
+		return nil
+	})
 	fs.Usage = func() {
 		fmt.Fprintf(c.stdout, "Usage: %s %s\n\nFlags:\n", c.name, usage)
 		fs.SetOutput(c.stdout)

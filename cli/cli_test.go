@@ -41,14 +41,15 @@ func mustRun(t *testing.T, url string, args ...string) string {
 }
 
 // seed inserts n rows with keys prefix1..prefixN of source "stripe" in the
-// given status, created and (unless in progress) completed age ago.
+// given status, created and (unless in progress or queued) completed age ago.
+// In-progress rows get a lease that ended a minute after their claim.
 func seed(t *testing.T, pool *pgxpool.Pool, status, prefix string, n int, age time.Duration) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
 		INSERT INTO txhook_processed_events
 			(source, event_key, event_type, status, created_at, claimed_at, completed_at, lease_expires_at, last_error, payload)
 		SELECT 'stripe', $1 || g, 'invoice.paid', $2, now() - $3::interval, now() - $3::interval,
-		       CASE WHEN $2 = 'in_progress' THEN NULL ELSE now() - $3::interval END,
+		       CASE WHEN $2 IN ('in_progress', 'queued') THEN NULL ELSE now() - $3::interval END,
 		       CASE WHEN $2 = 'in_progress' THEN now() - $3::interval + interval '1 minute' END,
 		       CASE WHEN $2 = 'failed' THEN 'permanent: no such customer' END,
 		       convert_to('{"id":"' || $1 || g || '"}', 'UTF8')
@@ -250,6 +251,18 @@ func TestEventsList(t *testing.T) {
 	out = mustRun(t, d.URL, "events", "list", "--since", "1d")
 	if strings.Contains(out, "evt_done_") || !strings.Contains(out, "evt_failed_1") {
 		t.Errorf("list --since 1d:\n%s", out)
+	}
+
+	// Queued in inbox mode, and stuck: the claim whose lease ended (it has no
+	// job that would take it over).
+	seed(t, d.Pool, "queued", "evt_queued_", 1, time.Minute)
+	out = mustRun(t, d.URL, "events", "list", "--status", "queued")
+	if n := strings.Count(out, "\n"); n != 2 || !strings.Contains(out, "evt_queued_1") {
+		t.Errorf("list --status queued:\n%s", out)
+	}
+	out = mustRun(t, d.URL, "events", "list", "--status", "stuck")
+	if n := strings.Count(out, "\n"); n != 2 || !strings.Contains(out, "evt_busy_1") {
+		t.Errorf("list --status stuck:\n%s", out)
 	}
 
 	var evs []map[string]any

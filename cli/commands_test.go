@@ -174,8 +174,20 @@ func TestReplay(t *testing.T) {
 		t.Errorf("replay one: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	code, _, errOut = f.run(t, "replay", "stripe", "evt_failed_1")
-	if code != 1 || !strings.Contains(errOut, "is done, not failed: nothing to replay") || f.ledger(t) != 1 {
+	if code != 1 || !strings.Contains(errOut, "is done, neither failed nor stuck: nothing to replay") || f.ledger(t) != 1 {
 		t.Errorf("replay of a done event: exit %d, %q, ledger %d", code, errOut, f.ledger(t))
+	}
+	// A queued event is its job's to apply; a lease-mode claim abandoned in
+	// progress (its lease ended) is stuck, and would be taken over.
+	seed(t, f.db.Pool, "queued", "evt_queued_", 1, time.Minute)
+	seed(t, f.db.Pool, "in_progress", "evt_abandoned_", 1, time.Hour)
+	code, _, errOut = f.run(t, "replay", "stripe", "evt_queued_1")
+	if code != 1 || !strings.Contains(errOut, "is queued, neither failed nor stuck: nothing to replay") {
+		t.Errorf("replay of a queued event: exit %d, %q", code, errOut)
+	}
+	code, out, errOut = f.run(t, "replay", "--dry-run", "stripe", "evt_abandoned_1")
+	if code != 0 || !strings.Contains(out, "would replay stripe evt_abandoned_1 (invoice.paid, 1 attempts, stuck in_progress)") {
+		t.Errorf("replay --dry-run of a stuck event: exit %d, %q, %q", code, out, errOut)
 	}
 
 	// Every dead letter of a source.

@@ -16,33 +16,58 @@ import (
 	"github.com/txhook/txhook"
 )
 
+// eventsCommands are the subcommands of events, in the order of events
+// --help.
+func eventsCommands() []command {
+	return []command{
+		{"list", "list events, newest first", runEventsList},
+		{"show", "show one event, its payload included", runEventsShow},
+		{"redelivered", "list the redeliveries that the GitHub sweeper requested", runEventsRedelivered},
+	}
+}
+
 func runEvents(ctx context.Context, c *cli, args []string) error {
+	subs := eventsCommands()
 	if len(args) > 0 {
-		switch args[0] {
-		case "list":
-			return runEventsList(ctx, c, args[1:])
-		case "show":
-			return runEventsShow(ctx, c, args[1:])
-		case "redelivered":
-			return runEventsRedelivered(ctx, c, args[1:])
+		for _, sub := range subs {
+			if sub.name == args[0] {
+				return sub.run(ctx, c, args[1:])
+			}
 		}
 	}
-	fs := c.newFlags("events", "events list [flags] | events show SOURCE KEY | events redelivered [flags]")
+	fs := c.newFlags("events", "events SUBCOMMAND [flags]")
+	fs.Usage = func() {
+		// Each subcommand's own usage and flags, so that one --help shows
+		// every filter.
+		fmt.Fprintf(c.stdout, "Usage: %s events SUBCOMMAND [flags]\n\nSubcommands:\n", c.name)
+		for _, sub := range subs {
+			fmt.Fprintf(c.stdout, "  %-13s %s\n", sub.name, sub.summary)
+		}
+		for _, sub := range subs {
+			fmt.Fprintln(c.stdout)
+			sub.run(ctx, c, []string{"--help"}) // prints its usage; returns flag.ErrHelp
+		}
+	}
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
-		return usagef("missing subcommand: list, show or redelivered")
+	names := make([]string, len(subs))
+	for i, sub := range subs {
+		names[i] = sub.name
 	}
-	return usagef("unknown subcommand %q: want list, show or redelivered", pos[0])
+	want := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	if len(pos) == 0 {
+		return usagef("missing subcommand: %s", want)
+	}
+	return usagef("unknown subcommand %q: want %s", pos[0], want)
 }
 
 func runEventsList(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("events list", "events list [--source S] [--status S] [--type T] [--since AGE|TIME] [--limit N] [--json]")
 	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "only events of this source")
-	fs.StringVar(&f.Status, "status", "", "only events in this status: queued, in_progress, done or failed")
+	fs.StringVar(&f.Status, "status", "", "only events in this status: queued, in_progress, done or failed; or stuck (queued or in progress with nothing left to apply them: replay them)")
 	fs.StringVar(&f.Type, "type", "", "only events of this type")
 	since := fs.String("since", "", "only events created since: an age (90m, 36h, 7d) or a time (2006-01-02, RFC 3339)")
 	fs.IntVar(&f.Limit, "limit", 50, "show at most N events, newest first")
@@ -56,8 +81,10 @@ func runEventsList(ctx context.Context, c *cli, args []string) error {
 	}
 	switch f.Status {
 	case "", txhook.StatusQueued, txhook.StatusInProgress, txhook.StatusDone, txhook.StatusFailed:
+	case "stuck":
+		f.Status, f.Stuck = "", true
 	default:
-		return usagef("--status must be queued, in_progress, done or failed, got %q", f.Status)
+		return usagef("--status must be queued, in_progress, done, failed or stuck, got %q", f.Status)
 	}
 	if f.Limit < 1 {
 		return usagef("--limit must be at least 1")

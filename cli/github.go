@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,21 +45,19 @@ permissions they need.`
 
 func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("github redeliver", githubRedeliverUsage)
-	repo := fs.String("repo", os.Getenv("GITHUB_REPOSITORY"), "repository OWNER/NAME of a repository hook (default: $GITHUB_REPOSITORY)")
+	repo := fs.String("repo", "", "repository OWNER/NAME of a repository hook (default: $GITHUB_REPOSITORY)")
 	org := fs.String("org", "", "organization of an organization hook")
 	app := fs.Bool("app", false, "the GitHub App's hook (needs GITHUB_APP_ID and a private key)")
-	hookID := fs.String("hook-id", os.Getenv("GITHUB_HOOK_ID"), "hook id of a repository or organization hook (default: $GITHUB_HOOK_ID)")
+	hookID := fs.String("hook-id", "", "hook id of a repository or organization hook (default: $GITHUB_HOOK_ID)")
 	appKeyFile := fs.String("app-key-file", "", "file holding the App's private key in PEM (default: $GITHUB_APP_PRIVATE_KEY)")
 	cfg := ghsweep.Config{}
 	fs.StringVar(&cfg.Source, "source", "github", "source name of the GitHub endpoint in the events table")
-	apiURL := os.Getenv("GITHUB_API_URL")
-	if apiURL == "" {
-		apiURL = "https://api.github.com"
-	}
-	fs.StringVar(&cfg.APIURL, "api-url", apiURL, "REST API base URL (default: $GITHUB_API_URL, else GitHub's)")
+	fs.StringVar(&cfg.APIURL, "api-url", "", "REST API base URL (default: $GITHUB_API_URL, else https://api.github.com)")
 	fs.DurationVar(&cfg.ResendAfter, "resend-after", 15*time.Minute, "leave a requested redelivery alone this long while GitHub shows no newer attempt")
 	fs.DurationVar(&cfg.Backoff, "backoff", time.Minute, "wait before asking again for a delivery whose redelivery failed too, doubled with each request")
 	fs.DurationVar(&cfg.MaxRateLimitWait, "max-wait", time.Minute, "longest wait on GitHub's rate limit before giving up")
+	fs.IntVar(&cfg.MaxPages, "max-pages", 0, "most pages of the listing one run reads (default: 20 deliveries a minute over 3 days, 864 pages)")
+	fs.DurationVar(&cfg.RunTimeout, "run-timeout", 10*time.Minute, "bound of one run; its listing stops at half of it")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -70,16 +67,23 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 		return usagef("unexpected argument %q", pos[0])
 	}
 	// $GITHUB_REPOSITORY names the repository unless another hook is named.
-	explicitRepo := false
-	fs.Visit(func(f *flag.Flag) { explicitRepo = explicitRepo || f.Name == "repo" })
+	if *repo == "" && *org == "" && !*app {
+		*repo = os.Getenv("GITHUB_REPOSITORY")
+	}
 	kinds := 0
-	for _, set := range []bool{*repo != "" && (explicitRepo || (*org == "" && !*app)), *org != "", *app} {
+	for _, set := range []bool{*repo != "", *org != "", *app} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
 		return usagef("name one hook: --repo OWNER/NAME, --org ORG or --app")
+	}
+	if cfg.APIURL == "" {
+		cfg.APIURL = os.Getenv("GITHUB_API_URL")
+	}
+	if cfg.MaxPages < 0 || cfg.RunTimeout <= 0 {
+		return usagef("--max-pages must not be negative and --run-timeout must be positive")
 	}
 	switch {
 	case *app:
@@ -95,6 +99,9 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 			return usagef("--app needs GITHUB_APP_ID and a private key (GITHUB_APP_PRIVATE_KEY or --app-key-file)")
 		}
 	default:
+		if *hookID == "" {
+			*hookID = os.Getenv("GITHUB_HOOK_ID")
+		}
 		id, err := strconv.ParseInt(*hookID, 10, 64)
 		if err != nil || id <= 0 {
 			return usagef("--hook-id must be the hook's positive id, got %q", *hookID)
@@ -118,14 +125,23 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	cfg.Logger = slog.New(slog.DiscardHandler) // the result and the error are printed
+	// The result and the error are printed; the warnings (a refused
+	// redelivery, a listed delivery skipped) go to stderr.
+	cfg.Logger = slog.New(warningsOnly{slog.NewTextHandler(c.stderr, nil)})
 	sw, err := ghsweep.New(pool, &cfg)
 	if err != nil {
 		return err
 	}
 	res, runErr := sw.Run(ctx)
 	if *asJSON {
-		if err := writeJSON(c.stdout, res); err != nil {
+		out := struct {
+			ghsweep.Result
+			Error string `json:"error,omitempty"`
+		}{Result: res}
+		if runErr != nil {
+			out.Error = runErr.Error()
+		}
+		if err := writeJSON(c.stdout, out); err != nil {
 			return err
 		}
 		return runErr
@@ -134,12 +150,40 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "%s: another sweeper is running on this hook; nothing done\n", cfg.Hook)
 		return runErr
 	}
-	fmt.Fprintf(c.stdout, "%s: listed %d deliveries (%d new); %d failed: %d settled, %d in flight, %d waiting for an earlier redelivery, %d redelivered, %d refused\n",
-		cfg.Hook, res.Deliveries, res.New, res.Failed, res.Settled, res.InFlight, res.Waiting, len(res.Redelivered), res.Refused)
+	// A run that did not go to the end says so first, and what it did
+	// before it stopped: a mail from cron must not read as a clean run.
+	switch {
+	case res.CutShort != "":
+		fmt.Fprintf(c.stdout, "%s: run cut short: %s; before that it ", cfg.Hook, res.CutShort)
+	case runErr != nil:
+		fmt.Fprintf(c.stdout, "%s: run failed (the error follows on stderr); before that it ", cfg.Hook)
+	default:
+		fmt.Fprintf(c.stdout, "%s: ", cfg.Hook)
+	}
+	fmt.Fprintf(c.stdout, "listed %d deliveries (%d new); %d failed: %d settled, %d in flight, %d waiting for an earlier redelivery, %d redelivered, %d refused",
+		res.Deliveries, res.New, res.Failed, res.Settled, res.InFlight, res.Waiting, len(res.Redelivered), res.Refused)
+	if res.Skipped > 0 {
+		fmt.Fprintf(c.stdout, "; %d skipped: their guid or event cannot be a key (logged on stderr)", res.Skipped)
+	}
+	fmt.Fprintln(c.stdout)
 	for _, g := range res.Redelivered {
 		fmt.Fprintf(c.stdout, "redelivered %s\n", cell(g, 0))
 	}
 	return runErr
+}
+
+// warningsOnly passes on the sweeper's warnings only: its record of the
+// run (info, or error when the run failed) is what the command prints.
+type warningsOnly struct{ slog.Handler }
+
+func (h warningsOnly) Enabled(_ context.Context, l slog.Level) bool { return l == slog.LevelWarn }
+
+func (h warningsOnly) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warningsOnly{h.Handler.WithAttrs(attrs)}
+}
+
+func (h warningsOnly) WithGroup(name string) slog.Handler {
+	return warningsOnly{h.Handler.WithGroup(name)}
 }
 
 // runEventsRedelivered lists the redeliveries the sweeper requested.

@@ -55,7 +55,19 @@ func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "\n%d dead letters shown, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", len(evs), c.name, c.name)
+	shown := "1 dead letter shown"
+	if len(evs) != 1 {
+		shown = fmt.Sprintf("%d dead letters shown", len(evs))
+	}
+	if c.cfg.NewReplayer != nil {
+		fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", shown, c.name, c.name)
+		return nil
+	}
+	// This binary has no handlers: its replay only lists (--dry-run).
+	fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay runs the application's handlers, which %s does not have:\n"+
+		"replay from the application's own binary (package cli: \"myapp txhook replay SOURCE KEY\", or --all)\n"+
+		"or with the Replay button of its operator console (package admin). %s replay --all --dry-run lists what would run.\n",
+		shown, c.name, c.name)
 	return nil
 }
 
@@ -64,9 +76,11 @@ const replayUsage = `replay [--dry-run] SOURCE KEY
 
 Runs failed events (dead letters) again through the application's handlers,
 each in its own transaction, exactly once: the handler's writes and the event's
-new status commit together. SOURCE KEY may also name a lease-mode event left in
-progress with its lease ended: its claim is taken over. --dry-run lists what
-would be replayed.`
+new status commit together. SOURCE KEY may also name a stuck event (events list
+--status stuck): an inbox event whose job has ended or is gone, which is taken
+over and replayed as a dead letter, or a lease-mode event left in progress with
+its lease ended, whose claim is taken over. --dry-run lists what would be
+replayed.`
 
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("replay", replayUsage)
@@ -112,7 +126,13 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		if e.Status != txhook.StatusFailed {
-			return fmt.Errorf("event %s %s is %s, not failed: nothing to replay", cell(e.Source, 0), cell(e.Key, 0), e.Status)
+			stuck, err := txhook.ListEvents(ctx, pool, txhook.EventFilter{Source: e.Source, Key: e.Key, Stuck: true})
+			if err != nil {
+				return err
+			}
+			if len(stuck) == 0 {
+				return fmt.Errorf("event %s %s is %s, neither failed nor stuck: nothing to replay", cell(e.Source, 0), cell(e.Key, 0), e.Status)
+			}
 		}
 		events = []txhook.EventRecord{e}
 	}
@@ -124,8 +144,12 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 				continue
 			}
 			n++
-			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, failed %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
-				cell(e.Type, 40), e.Attempts, formatTime(e.CompletedAt), cell(e.LastError, 80))
+			state := "failed " + formatTime(e.CompletedAt)
+			if e.Status != txhook.StatusFailed {
+				state = "stuck " + e.Status
+			}
+			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
+				cell(e.Type, 40), e.Attempts, state, cell(e.LastError, 80))
 		}
 		fmt.Fprintf(c.stdout, "would replay %d of %d dead letters\n", n, len(events))
 		return nil

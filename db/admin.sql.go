@@ -35,6 +35,66 @@ func (q *Queries) AdminDiscardFailed(ctx context.Context, arg AdminDiscardFailed
 	return result.RowsAffected(), nil
 }
 
+const adminEvent = `-- name: AdminEvent :one
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size,
+       coalesce(substring(payload FROM 1 FOR $1::integer), ''::bytea)::bytea AS preview,
+       job_id
+FROM txhook_processed_events
+WHERE source = $2 AND event_key = $3
+`
+
+type AdminEventParams struct {
+	PreviewBytes int32
+	Source       string
+	EventKey     string
+}
+
+type AdminEventRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+	Preview        []byte
+	JobID          pgtype.Int8
+}
+
+// One event for the console's event page, through the primary key: every column but the
+// payload, of which it returns the size and at most @preview_bytes from the start. substring
+// reads no more of a stored payload than the part it returns (a slice of the TOAST value), so a
+// page costs the same for a payload of 1 kB or 25 MB.
+func (q *Queries) AdminEvent(ctx context.Context, arg AdminEventParams) (AdminEventRow, error) {
+	row := q.db.QueryRow(ctx, adminEvent, arg.PreviewBytes, arg.Source, arg.EventKey)
+	var i AdminEventRow
+	err := row.Scan(
+		&i.Source,
+		&i.EventKey,
+		&i.EventType,
+		&i.Status,
+		&i.Attempts,
+		&i.CreatedAt,
+		&i.ClaimedAt,
+		&i.LeaseExpiresAt,
+		&i.CompletedAt,
+		&i.LastError,
+		&i.HasPayload,
+		&i.PayloadSize,
+		&i.Preview,
+		&i.JobID,
+	)
+	return i, err
+}
+
 const adminOpenCounts = `-- name: AdminOpenCounts :many
 SELECT source, status, count(*) AS events
 FROM txhook_processed_events
@@ -134,6 +194,91 @@ func (q *Queries) AdminOpenPage(ctx context.Context, arg AdminOpenPageParams) ([
 	items := []AdminOpenPageRow{}
 	for rows.Next() {
 		var i AdminOpenPageRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.EventKey,
+			&i.EventType,
+			&i.Status,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.ClaimedAt,
+			&i.LeaseExpiresAt,
+			&i.CompletedAt,
+			&i.LastError,
+			&i.HasPayload,
+			&i.PayloadSize,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminQueuedPage = `-- name: AdminQueuedPage :many
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
+FROM txhook_processed_events
+WHERE status = 'queued'
+  AND ($1::text = '' OR source = $1::text)
+  AND ($2::text = '' OR event_type = $2::text)
+  AND created_at >= $3::timestamptz
+  AND created_at <= $4::timestamptz
+  AND (created_at, source, event_key) < ($4::timestamptz, $5::text, $6::text)
+ORDER BY created_at DESC, source DESC, event_key DESC
+LIMIT $7::integer
+`
+
+type AdminQueuedPageParams struct {
+	Source       string
+	EventType    string
+	Since        pgtype.Timestamptz
+	BeforeAt     pgtype.Timestamptz
+	BeforeSource string
+	BeforeKey    string
+	MaxRows      int32
+}
+
+type AdminQueuedPageRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+}
+
+// One page of inbox mode's queued events, newest first, after the cursor (created_at, source,
+// event_key): keyset pagination on txhook_processed_events_queued_idx. The first page passes
+// 'infinity'.
+func (q *Queries) AdminQueuedPage(ctx context.Context, arg AdminQueuedPageParams) ([]AdminQueuedPageRow, error) {
+	rows, err := q.db.Query(ctx, adminQueuedPage,
+		arg.Source,
+		arg.EventType,
+		arg.Since,
+		arg.BeforeAt,
+		arg.BeforeSource,
+		arg.BeforeKey,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminQueuedPageRow{}
+	for rows.Next() {
+		var i AdminQueuedPageRow
 		if err := rows.Scan(
 			&i.Source,
 			&i.EventKey,
@@ -347,6 +492,128 @@ func (q *Queries) AdminSources(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		items = append(items, source)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminStuckEvent = `-- name: AdminStuckEvent :many
+SELECT coalesce(s.job_id, 0)::bigint AS job_id, coalesce(s.job_state, '')::text AS job_state
+FROM txhook_stuck_events(NULL, $1::text, $2::text) AS s
+`
+
+type AdminStuckEventParams struct {
+	Source   string
+	EventKey string
+}
+
+type AdminStuckEventRow struct {
+	JobID    int64
+	JobState string
+}
+
+// Why nothing will apply the event source/event_key (see txhook_stuck_events): its queue job and
+// the job's state ('gone' once deleted; 0 and ” for a lease-mode claim without a job). No row:
+// it is not stuck.
+func (q *Queries) AdminStuckEvent(ctx context.Context, arg AdminStuckEventParams) ([]AdminStuckEventRow, error) {
+	rows, err := q.db.Query(ctx, adminStuckEvent, arg.Source, arg.EventKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminStuckEventRow{}
+	for rows.Next() {
+		var i AdminStuckEventRow
+		if err := rows.Scan(&i.JobID, &i.JobState); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminStuckPage = `-- name: AdminStuckPage :many
+SELECT e.source, e.event_key, e.event_type, e.status, e.attempts, e.created_at, e.claimed_at,
+       e.lease_expires_at, e.completed_at, e.last_error,
+       (e.payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(e.payload), 0)::integer AS payload_size
+FROM txhook_processed_events AS e
+JOIN txhook_stuck_events(NULL, nullif($1::text, ''), NULL) AS s
+  ON s.source = e.source AND s.event_key = e.event_key
+WHERE ($2::text = '' OR e.event_type = $2::text)
+  AND e.created_at >= $3::timestamptz
+  AND e.created_at <= $4::timestamptz
+  AND (e.created_at, e.source, e.event_key) < ($4::timestamptz, $5::text, $6::text)
+ORDER BY e.created_at DESC, e.source DESC, e.event_key DESC
+LIMIT $7::integer
+`
+
+type AdminStuckPageParams struct {
+	Source       string
+	EventType    string
+	Since        pgtype.Timestamptz
+	BeforeAt     pgtype.Timestamptz
+	BeforeSource string
+	BeforeKey    string
+	MaxRows      int32
+}
+
+type AdminStuckPageRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+}
+
+// One page of stuck events (see txhook_stuck_events: queued or in progress, and nothing will
+// apply them), newest first, after the cursor (created_at, source, event_key).
+func (q *Queries) AdminStuckPage(ctx context.Context, arg AdminStuckPageParams) ([]AdminStuckPageRow, error) {
+	rows, err := q.db.Query(ctx, adminStuckPage,
+		arg.Source,
+		arg.EventType,
+		arg.Since,
+		arg.BeforeAt,
+		arg.BeforeSource,
+		arg.BeforeKey,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminStuckPageRow{}
+	for rows.Next() {
+		var i AdminStuckPageRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.EventKey,
+			&i.EventType,
+			&i.Status,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.ClaimedAt,
+			&i.LeaseExpiresAt,
+			&i.CompletedAt,
+			&i.LastError,
+			&i.HasPayload,
+			&i.PayloadSize,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -14,15 +14,16 @@ import (
 const claimQueuedEvent = `-- name: ClaimQueuedEvent :one
 UPDATE txhook_processed_events
 SET status = 'in_progress',
-    attempts = CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END,
+    attempts = greatest(CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END, $1::integer),
     claimed_at = clock_timestamp(),
-    lease_expires_at = clock_timestamp() + $1::bigint * interval '1 millisecond'
-WHERE source = $2 AND event_key = $3
+    lease_expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond'
+WHERE source = $3 AND event_key = $4
   AND (status = 'queued' OR (status = 'in_progress' AND lease_expires_at <= clock_timestamp()))
 RETURNING attempts, claimed_at, event_type, payload, payload_hash
 `
 
 type ClaimQueuedEventParams struct {
+	Attempt  int32
 	LeaseMs  int64
 	Source   string
 	EventKey string
@@ -38,10 +39,17 @@ type ClaimQueuedEventRow struct {
 
 // Inbox mode's claim for a lease-mode handler: takes a queued event (fencing token: its
 // attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms, and returns
-// the claim's claimed_at, which lease mode's writes are conditional on too. No row: the event is
-// settled, gone or held by a live claim.
+// the claim's claimed_at, which lease mode's writes are conditional on too. The token is raised
+// to the queue's number of the try (attempt, 0: unknown) when that is higher, so that attempts
+// and the queue's count agree after a try that wrote nothing (its worker killed): it still grows
+// with every claim. No row: the event is settled, gone or held by a live claim.
 func (q *Queries) ClaimQueuedEvent(ctx context.Context, arg ClaimQueuedEventParams) (ClaimQueuedEventRow, error) {
-	row := q.db.QueryRow(ctx, claimQueuedEvent, arg.LeaseMs, arg.Source, arg.EventKey)
+	row := q.db.QueryRow(ctx, claimQueuedEvent,
+		arg.Attempt,
+		arg.LeaseMs,
+		arg.Source,
+		arg.EventKey,
+	)
 	var i ClaimQueuedEventRow
 	err := row.Scan(
 		&i.Attempts,
@@ -51,6 +59,72 @@ func (q *Queries) ClaimQueuedEvent(ctx context.Context, arg ClaimQueuedEventPara
 		&i.PayloadHash,
 	)
 	return i, err
+}
+
+const failStuckEvents = `-- name: FailStuckEvents :many
+UPDATE txhook_processed_events AS e
+SET status = 'failed', completed_at = now(), lease_expires_at = NULL,
+    last_error = CASE WHEN s.job_state = 'gone'
+                      THEN 'txhook: its queue job ' || s.job_id || ' was deleted before it applied the event'
+                      ELSE 'txhook: its queue job ' || s.job_id || ' is ' || s.job_state || ' and never applied the event'
+                 END || coalesce('; last error: ' || coalesce(s.job_error, e.last_error), '')
+FROM txhook_stuck_events($2::text, $3::text, $4::text) AS s
+WHERE e.source = s.source AND e.event_key = s.event_key AND e.job_id = s.job_id
+  AND (e.status = 'queued' OR (e.status = 'in_progress' AND e.lease_expires_at <= now()))
+  AND ($1::text[] IS NULL OR e.source = ANY ($1::text[]))
+RETURNING e.source, e.event_key, e.event_type, e.job_id, e.last_error
+`
+
+type FailStuckEventsParams struct {
+	Sources     []string
+	RiverSchema pgtype.Text
+	Source      pgtype.Text
+	EventKey    pgtype.Text
+}
+
+type FailStuckEventsRow struct {
+	Source    string
+	EventKey  string
+	EventType string
+	JobID     pgtype.Int8
+	LastError pgtype.Text
+}
+
+// Records inbox mode's stuck events (see txhook_stuck_events: queued, or in progress with their
+// lease ended, whose queue job is gone, completed, discarded or cancelled) as failed: dead letters,
+// replayable (the payload stays), the reason in last_error, with the job's last error or else the
+// event's own. Either those of the given sources (NULL: any) or the one event source/event_key
+// names. The row must still name the job found ended, and still be queued or its lease ended,
+// once locked.
+func (q *Queries) FailStuckEvents(ctx context.Context, arg FailStuckEventsParams) ([]FailStuckEventsRow, error) {
+	rows, err := q.db.Query(ctx, failStuckEvents,
+		arg.Sources,
+		arg.RiverSchema,
+		arg.Source,
+		arg.EventKey,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []FailStuckEventsRow{}
+	for rows.Next() {
+		var i FailStuckEventsRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.EventKey,
+			&i.EventType,
+			&i.JobID,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const lockQueuedEvent = `-- name: LockQueuedEvent :one
@@ -90,20 +164,27 @@ func (q *Queries) LockQueuedEvent(ctx context.Context, arg LockQueuedEventParams
 
 const markQueuedDone = `-- name: MarkQueuedDone :execrows
 UPDATE txhook_processed_events
-SET status = 'done', completed_at = now(),
-    payload = CASE WHEN $1::boolean THEN payload END
-WHERE source = $2 AND event_key = $3 AND status = 'queued'
+SET status = 'done', completed_at = now(), attempts = greatest(attempts, $1::integer),
+    payload = CASE WHEN $2::boolean THEN payload END
+WHERE source = $3 AND event_key = $4 AND status = 'queued'
 `
 
 type MarkQueuedDoneParams struct {
+	Attempt     int32
 	KeepPayload bool
 	Source      string
 	EventKey    string
 }
 
-// Marks a queued event done; its payload is kept only when keep_payload is set.
+// Marks a queued event done; its payload is kept only when keep_payload is set. attempt is the
+// queue's number of the try that applied it (0: unknown), which attempts then shows.
 func (q *Queries) MarkQueuedDone(ctx context.Context, arg MarkQueuedDoneParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markQueuedDone, arg.KeepPayload, arg.Source, arg.EventKey)
+	result, err := q.db.Exec(ctx, markQueuedDone,
+		arg.Attempt,
+		arg.KeepPayload,
+		arg.Source,
+		arg.EventKey,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -112,19 +193,27 @@ func (q *Queries) MarkQueuedDone(ctx context.Context, arg MarkQueuedDoneParams) 
 
 const markQueuedFailed = `-- name: MarkQueuedFailed :execrows
 UPDATE txhook_processed_events
-SET status = 'failed', completed_at = now(), last_error = $1
-WHERE source = $2 AND event_key = $3 AND status = 'queued'
+SET status = 'failed', completed_at = now(), attempts = greatest(attempts, $1::integer),
+    last_error = $2
+WHERE source = $3 AND event_key = $4 AND status = 'queued'
 `
 
 type MarkQueuedFailedParams struct {
+	Attempt   int32
 	LastError pgtype.Text
 	Source    string
 	EventKey  string
 }
 
-// Records a queued event as failed for good (a dead letter, replayable: its payload stays).
+// Records a queued event as failed for good (a dead letter, replayable: its payload stays), after
+// the queue's try number attempt (0: unknown).
 func (q *Queries) MarkQueuedFailed(ctx context.Context, arg MarkQueuedFailedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markQueuedFailed, arg.LastError, arg.Source, arg.EventKey)
+	result, err := q.db.Exec(ctx, markQueuedFailed,
+		arg.Attempt,
+		arg.LastError,
+		arg.Source,
+		arg.EventKey,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -191,19 +280,27 @@ func (q *Queries) QueueStats(ctx context.Context) (QueueStatsRow, error) {
 
 const recordQueuedError = `-- name: RecordQueuedError :execrows
 UPDATE txhook_processed_events
-SET attempts = attempts + 1, last_error = $1
-WHERE source = $2 AND event_key = $3 AND status = 'queued'
+SET attempts = CASE WHEN $1::integer > 0 THEN greatest(attempts, $1::integer) ELSE attempts + 1 END,
+    last_error = $2
+WHERE source = $3 AND event_key = $4 AND status = 'queued'
 `
 
 type RecordQueuedErrorParams struct {
+	Attempt   int32
 	LastError pgtype.Text
 	Source    string
 	EventKey  string
 }
 
-// Records a failed try of a queued event that its job will retry.
+// Records a failed try of a queued event that its job will retry: attempts becomes the queue's
+// number of the try (attempt), or counts one more try when the queue gives none (0).
 func (q *Queries) RecordQueuedError(ctx context.Context, arg RecordQueuedErrorParams) (int64, error) {
-	result, err := q.db.Exec(ctx, recordQueuedError, arg.LastError, arg.Source, arg.EventKey)
+	result, err := q.db.Exec(ctx, recordQueuedError,
+		arg.Attempt,
+		arg.LastError,
+		arg.Source,
+		arg.EventKey,
+	)
 	if err != nil {
 		return 0, err
 	}

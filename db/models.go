@@ -59,4 +59,5 @@ type TxhookSweeperRun struct {
 	Redelivered      int32
 	TotalRedelivered int64
 	LastError        pgtype.Text
+	CutShort         pgtype.Text
 }

@@ -72,15 +72,17 @@ SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE ($1::text IS NULL OR source = $1::text)
-  AND ($2::text IS NULL OR status = $2::text)
-  AND ($3::text IS NULL OR event_type = $3::text)
-  AND ($4::timestamptz IS NULL OR created_at >= $4::timestamptz)
+  AND ($2::text IS NULL OR event_key = $2::text)
+  AND ($3::text IS NULL OR status = $3::text)
+  AND ($4::text IS NULL OR event_type = $4::text)
+  AND ($5::timestamptz IS NULL OR created_at >= $5::timestamptz)
 ORDER BY created_at DESC, source, event_key
-LIMIT $5::integer
+LIMIT $6::integer
 `
 
 type ListEventsParams struct {
 	Source    pgtype.Text
+	EventKey  pgtype.Text
 	Status    pgtype.Text
 	EventType pgtype.Text
 	Since     pgtype.Timestamptz
@@ -107,6 +109,7 @@ type ListEventsRow struct {
 func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]ListEventsRow, error) {
 	rows, err := q.db.Query(ctx, listEvents,
 		arg.Source,
+		arg.EventKey,
 		arg.Status,
 		arg.EventType,
 		arg.Since,
@@ -189,6 +192,89 @@ func (q *Queries) ListFailedEvents(ctx context.Context, arg ListFailedEventsPara
 	items := []ListFailedEventsRow{}
 	for rows.Next() {
 		var i ListFailedEventsRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.EventKey,
+			&i.EventType,
+			&i.Status,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.ClaimedAt,
+			&i.LeaseExpiresAt,
+			&i.CompletedAt,
+			&i.LastError,
+			&i.HasPayload,
+			&i.PayloadSize,
+			&i.JobID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listStuckEvents = `-- name: ListStuckEvents :many
+SELECT e.source, e.event_key, e.event_type, e.status, e.attempts, e.created_at, e.claimed_at,
+       e.lease_expires_at, e.completed_at, e.last_error,
+       (e.payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(e.payload), 0)::integer AS payload_size, e.job_id
+FROM txhook_processed_events AS e
+JOIN txhook_stuck_events(NULL, $1::text, $2::text) AS s
+  ON s.source = e.source AND s.event_key = e.event_key
+WHERE ($3::text IS NULL OR e.status = $3::text)
+  AND ($4::text IS NULL OR e.event_type = $4::text)
+  AND ($5::timestamptz IS NULL OR e.created_at >= $5::timestamptz)
+ORDER BY e.created_at DESC, e.source, e.event_key
+LIMIT $6::integer
+`
+
+type ListStuckEventsParams struct {
+	Source    pgtype.Text
+	EventKey  pgtype.Text
+	Status    pgtype.Text
+	EventType pgtype.Text
+	Since     pgtype.Timestamptz
+	MaxRows   int32
+}
+
+type ListStuckEventsRow struct {
+	Source         string
+	EventKey       string
+	EventType      string
+	Status         string
+	Attempts       int32
+	CreatedAt      pgtype.Timestamptz
+	ClaimedAt      pgtype.Timestamptz
+	LeaseExpiresAt pgtype.Timestamptz
+	CompletedAt    pgtype.Timestamptz
+	LastError      pgtype.Text
+	HasPayload     bool
+	PayloadSize    int32
+	JobID          pgtype.Int8
+}
+
+// Stuck events (see txhook_stuck_events) newest first, optionally filtered, as ListEvents returns
+// them.
+func (q *Queries) ListStuckEvents(ctx context.Context, arg ListStuckEventsParams) ([]ListStuckEventsRow, error) {
+	rows, err := q.db.Query(ctx, listStuckEvents,
+		arg.Source,
+		arg.EventKey,
+		arg.Status,
+		arg.EventType,
+		arg.Since,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListStuckEventsRow{}
+	for rows.Next() {
+		var i ListStuckEventsRow
 		if err := rows.Scan(
 			&i.Source,
 			&i.EventKey,

@@ -138,7 +138,7 @@ func (q *Queries) ListRedeliveries(ctx context.Context, arg ListRedeliveriesPara
 }
 
 const listSweeperRuns = `-- name: ListSweeperRuns :many
-SELECT source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled, redelivered, total_redelivered, last_error FROM txhook_sweeper_runs
+SELECT source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled, redelivered, total_redelivered, last_error, cut_short FROM txhook_sweeper_runs
 ORDER BY source, hook
 `
 
@@ -163,6 +163,7 @@ func (q *Queries) ListSweeperRuns(ctx context.Context) ([]TxhookSweeperRun, erro
 			&i.Redelivered,
 			&i.TotalRedelivered,
 			&i.LastError,
+			&i.CutShort,
 		); err != nil {
 			return nil, err
 		}
@@ -211,9 +212,9 @@ func (q *Queries) MarkRedeliveryRequested(ctx context.Context, arg MarkRedeliver
 const saveSweeperRun = `-- name: SaveSweeperRun :exec
 INSERT INTO txhook_sweeper_runs AS s
     (source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled,
-     redelivered, total_redelivered, last_error)
+     redelivered, total_redelivered, last_error, cut_short)
 VALUES ($1, $2, $3, now(), $4, $5, $6, $7,
-        $8::integer, $8::integer, $9)
+        $8::integer, $8::integer, $9, $10)
 ON CONFLICT (source, hook) DO UPDATE
     SET started_at = excluded.started_at,
         finished_at = excluded.finished_at,
@@ -223,7 +224,8 @@ ON CONFLICT (source, hook) DO UPDATE
         settled = excluded.settled,
         redelivered = excluded.redelivered,
         total_redelivered = s.total_redelivered + excluded.redelivered,
-        last_error = excluded.last_error
+        last_error = excluded.last_error,
+        cut_short = excluded.cut_short
 `
 
 type SaveSweeperRunParams struct {
@@ -236,6 +238,7 @@ type SaveSweeperRunParams struct {
 	Settled          int32
 	Redelivered      int32
 	LastError        pgtype.Text
+	CutShort         pgtype.Text
 }
 
 func (q *Queries) SaveSweeperRun(ctx context.Context, arg SaveSweeperRunParams) error {
@@ -249,6 +252,7 @@ func (q *Queries) SaveSweeperRun(ctx context.Context, arg SaveSweeperRunParams) 
 		arg.Settled,
 		arg.Redelivered,
 		arg.LastError,
+		arg.CutShort,
 	)
 	return err
 }

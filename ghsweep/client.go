@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrRateLimited is matched (errors.Is) by a *RateLimitError.
@@ -172,8 +173,7 @@ func (c *client) do(ctx context.Context, method, u string, out any) (http.Header
 			}
 			return resp.Header, nil
 		}
-		msg, doc := errorMessage(body)
-		msg = c.redact(msg)
+		msg, doc := c.errorMessage(body)
 		if rateLimited(resp, msg) {
 			until := now.Add(time.Minute) // GitHub's advice when it names no time
 			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
@@ -213,20 +213,46 @@ func resetTime(h http.Header) time.Time {
 	return time.Unix(s, 0)
 }
 
-// errorMessage reads GitHub's error body: {"message": ..., "documentation_url": ...}.
-func errorMessage(body []byte) (msg, doc string) {
+// maxMessage bounds, in bytes, the message of an answer outside 2xx that an
+// error keeps.
+const maxMessage = 500
+
+// errorMessage reads GitHub's error body, {"message": ..., "documentation_url": ...},
+// or takes the body itself when it is not that. The credential is redacted
+// before the message is cut to maxMessage, so that a credential straddling
+// the cut leaves nothing of itself; the message is made storable text.
+func (c *client) errorMessage(body []byte) (msg, doc string) {
 	var e struct {
 		Message          string `json:"message"`
 		DocumentationURL string `json:"documentation_url"`
 	}
 	if json.Unmarshal(body, &e) == nil && e.Message != "" {
-		return e.Message, e.DocumentationURL
+		msg, doc = e.Message, e.DocumentationURL
+	} else {
+		msg = strings.TrimSpace(string(body))
 	}
-	s := strings.TrimSpace(string(body))
-	if len(s) > 200 {
-		s = s[:200] + "..."
+	return clip(c.redact(msg), maxMessage), clip(c.redact(doc), maxMessage)
+}
+
+// clip returns s as storable text (see storable), cut to n bytes.
+func clip(s string, n int) string { return cut(storable(s), n) }
+
+// cut returns s cut to at most n bytes at a character's start, with "..."
+// when it was cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s, ""
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// storable returns s with what a PostgreSQL text value cannot hold, invalid
+// UTF-8 and NUL bytes, replaced by U+FFFD.
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // redact removes the credential from s, should GitHub (or whatever answers
@@ -240,8 +266,51 @@ func (c *client) redact(s string) string {
 	return s
 }
 
+// sameOrigin reports whether u is on the origin of base: the same scheme,
+// host and port (a missing port is the scheme's).
+func sameOrigin(u, base *url.URL) bool {
+	return strings.EqualFold(u.Scheme, base.Scheme) && strings.EqualFold(u.Hostname(), base.Hostname()) && port(u) == port(base)
+}
+
+func port(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
+}
+
+// origin names u's origin, for errors.
+func origin(u *url.URL) string { return u.Scheme + "://" + u.Host }
+
+// originOnly returns a copy of hc whose redirects stay on base's origin: a
+// redirect anywhere else is refused before anything is sent there, so the
+// Authorization header goes nowhere else (net/http itself forwards it to
+// the same host name on another port or scheme, and to subdomains). A
+// redirect within the origin is left to hc's CheckRedirect, or to net/http's
+// default policy when it has none.
+func originOnly(hc *http.Client, base *url.URL) *http.Client {
+	guarded := *hc
+	check := hc.CheckRedirect
+	guarded.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if !sameOrigin(req.URL, base) {
+			return fmt.Errorf("redirect to %s refused: the credential goes to the API at %s only", origin(req.URL), origin(base))
+		}
+		if check != nil {
+			return check(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &guarded
+}
+
 // nextLink returns the URL of the Link header's rel="next", or "". It must
-// be on the API's scheme and host: the credential goes nowhere else.
+// be on the API's origin: the credential goes nowhere else.
 func (c *client) nextLink(link string) (string, error) {
 	for part := range strings.SplitSeq(link, ",") {
 		target, params, ok := strings.Cut(strings.TrimSpace(part), ";")
@@ -261,21 +330,22 @@ func (c *client) nextLink(link string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("ghsweep: github: parse next page link: %w", err)
 		}
-		if u.Scheme != c.base.Scheme || u.Host != c.base.Host {
-			return "", fmt.Errorf("ghsweep: github: next page link points to %s://%s, not to the API at %s://%s", u.Scheme, u.Host, c.base.Scheme, c.base.Host)
+		if !sameOrigin(u, c.base) {
+			return "", fmt.Errorf("ghsweep: github: next page link points to %s, not to the API at %s", origin(u), origin(c.base))
 		}
 		return u.String(), nil
 	}
 	return "", nil
 }
 
-// pathOf returns u's path, for errors (no query, no host).
+// pathOf returns u's path as it is sent, escaped, for errors (no query, no
+// host).
 func pathOf(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
 		return "?"
 	}
-	return p.Path
+	return p.EscapedPath()
 }
 
 // sleep waits d or until ctx ends.

@@ -84,7 +84,8 @@ type Config struct {
 	// access token (fine-grained: "Webhooks" read and write on the
 	// repository or organization; classic: repo or admin:repo_hook for a
 	// repository, admin:org_hook for an organization) or a GitHub App
-	// installation token with the same permission. Never logged.
+	// installation token with the same permission, which expires an hour
+	// after it is minted (see the package doc). Never logged.
 	Token string
 	// AppID and AppPrivateKey authenticate an App hook: the App's client ID
 	// (or its numeric app ID) and its private key in PEM, as GitHub offers
@@ -99,11 +100,27 @@ type Config struct {
 	// APIURL is the REST API's base URL. Defaults to https://api.github.com;
 	// GitHub Enterprise Server's is https://HOST/api/v3.
 	APIURL string
-	// HTTPClient sends the requests. Defaults to a client with a 30s timeout.
+	// HTTPClient sends the requests. Defaults to a client with a 30s
+	// timeout. The sweeper uses a copy whose CheckRedirect refuses any
+	// redirect off the API's origin (its scheme, host and port) before
+	// calling the client's own: the credential goes to that origin only.
 	HTTPClient *http.Client
 	// Window is how far back deliveries are read: GitHub redelivers
 	// deliveries of the last 3 days only. Defaults to 72h.
 	Window time.Duration
+	// MaxPages bounds the pages of the deliveries listing one run reads; a
+	// listing that goes on (or whose next page link repeats a page already
+	// read) cuts the run short: the guids listed so far are swept, and the
+	// run is recorded and returned as cut short. Defaults to the pages that
+	// 20 deliveries a minute over Window fill at PerPage a page: 864 pages
+	// for 72h at GitHub's 100 a page.
+	MaxPages int
+	// RunTimeout bounds one run: its listing stops at half of it, so that
+	// what was listed is redelivered in the other half, and the run stops
+	// at the end of it. A run stopped so is recorded and returned as cut
+	// short, its lock released; the next run carries on. Defaults to 10
+	// minutes.
+	RunTimeout time.Duration
 	// ResendAfter is how long a guid whose redelivery was requested is left
 	// alone while GitHub shows no newer attempt at it. A newer attempt
 	// that failed makes it eligible at once. Defaults to 15 minutes.
@@ -139,4 +156,15 @@ const (
 	defaultPerPage     = 100
 	defaultMaxWait     = time.Minute
 	defaultPostPause   = time.Second
+	defaultRunTimeout  = 10 * time.Minute
+	// defaultRate is the deliveries a minute that MaxPages' default allows
+	// for over the window.
+	defaultRate = 20
 )
+
+// defaultMaxPages returns the pages that defaultRate deliveries a minute
+// over window fill at perPage a page.
+func defaultMaxPages(window time.Duration, perPage int) int {
+	deliveries := int64(window/time.Minute) * defaultRate
+	return int(max(1, min((deliveries+int64(perPage)-1)/int64(perPage), 1<<30)))
+}

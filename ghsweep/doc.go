@@ -11,6 +11,8 @@
 //   - it lists the hook's deliveries of the last three days (GitHub's
 //     "list deliveries for a webhook" endpoint, page by page through the
 //     Link header);
+//   - it skips, and logs, a listed delivery whose guid or event name cannot
+//     be an event's key or type (txhook.Event.Validate);
 //   - it keeps the guids none of whose attempts was answered 2xx;
 //   - it drops the guids settled in the events table under Config.Source
 //     (the delivery's guid is its X-GitHub-Delivery header, txhook's key):
@@ -27,6 +29,12 @@
 // sweepers that do not share the lock from requesting one guid twice.
 // Each run's outcome is kept in txhook_sweeper_runs; txhook stats shows it.
 //
+// A run is bounded whatever the API answers: its listing stops at a next
+// page link that repeats a page already read, at Config.MaxPages, and at
+// half of Config.RunTimeout, and the run itself at RunTimeout. A run so cut
+// short still redelivers what it listed, then says so (Result.CutShort, its
+// error, and its record), and releases the lock for the next run.
+//
 // # Hooks and credentials
 //
 // Repository and organization hooks (RepoHook, OrgHook) authenticate with
@@ -34,10 +42,14 @@
 // permission (read and write) on the repository or organization, a classic
 // token with the repo or admin:repo_hook scope (repository) or
 // admin:org_hook (organization), or an App installation token with the
-// same permission. A GitHub App's own hook (AppHook) authenticates as the
+// same permission; an installation token expires an hour after it is
+// minted, so mint one per run and pass it to a Sweeper made for that run
+// (New is cheap and a Sweeper keeps nothing between runs but what is in
+// the database). A GitHub App's own hook (AppHook) authenticates as the
 // App: Config.AppID and Config.AppPrivateKey, from which each run signs a
 // JSON Web Token (RS256). The credential is never logged nor put in an
-// error.
+// error, and it goes to the API's origin only: a redirect to another
+// scheme, host or port is refused, whatever Config.HTTPClient does.
 //
 // # Running it
 //

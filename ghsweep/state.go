@@ -30,6 +30,9 @@ type RunRecord struct {
 	TotalRedelivered int64 `json:"total_redelivered"`
 	// LastError is the last run's error, if it ended with one.
 	LastError string `json:"last_error,omitempty"`
+	// CutShort says why the last run was cut short (see Result.CutShort),
+	// if it was.
+	CutShort string `json:"cut_short,omitempty"`
 }
 
 // Redelivery is a guid whose redelivery the sweeper requested.
@@ -62,7 +65,7 @@ func ListRuns(ctx context.Context, q txhook.Querier) ([]RunRecord, error) {
 			Source: r.Source, Hook: r.Hook, StartedAt: r.StartedAt.Time, FinishedAt: r.FinishedAt.Time,
 			NewestDeliveryID: r.CursorDeliveryID, Deliveries: int(r.Deliveries), Failed: int(r.Failed),
 			Settled: int(r.Settled), Redelivered: int(r.Redelivered), TotalRedelivered: r.TotalRedelivered,
-			LastError: r.LastError.String,
+			LastError: r.LastError.String, CutShort: r.CutShort.String,
 		}
 	}
 	return out, nil

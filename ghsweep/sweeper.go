@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/db"
 )
 
@@ -24,16 +25,16 @@ import (
 // A Sweeper is safe for concurrent use; runs on one hook, in this process
 // or any other, take turns through a PostgreSQL advisory lock.
 type Sweeper struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	hook   string
-	list   *url.URL
-	log    *slog.Logger
-	appKey *rsa.PrivateKey
+	pool    *pgxpool.Pool
+	cfg     Config
+	hook    string
+	listing *url.URL // the deliveries listing's first page
+	log     *slog.Logger
+	appKey  *rsa.PrivateKey
 }
 
 // New returns a Sweeper for cfg that reads and records its state through
-// pool, on a database migrated to txhook's schema (migration 0005 or later).
+// pool, on a database migrated to txhook's schema (migration 0011 or later).
 func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if pool == nil {
 		return nil, errors.New("ghsweep: new sweeper: nil pool")
@@ -61,6 +62,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if c.Source == "" {
 		c.Source = "github"
 	}
+	if err := (txhook.Event{Source: c.Source, Key: "-"}).Validate(); err != nil {
+		return nil, fmt.Errorf("ghsweep: new sweeper: Source %q: %w", c.Source, err)
+	}
 	if c.APIURL == "" {
 		c.APIURL = defaultAPIURL
 	}
@@ -71,6 +75,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Timeout: 30 * time.Second}
 	}
+	c.HTTPClient = originOnly(c.HTTPClient, base)
 	if c.Window <= 0 {
 		c.Window = defaultWindow
 	}
@@ -82,6 +87,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	}
 	if c.PerPage <= 0 || c.PerPage > 100 {
 		c.PerPage = defaultPerPage
+	}
+	if c.MaxPages <= 0 {
+		c.MaxPages = defaultMaxPages(c.Window, c.PerPage)
+	}
+	if c.RunTimeout <= 0 {
+		c.RunTimeout = defaultRunTimeout
 	}
 	if c.MaxRateLimitWait <= 0 {
 		c.MaxRateLimitWait = defaultMaxWait
@@ -95,10 +106,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Sweeper, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	s.list = c.Hook.deliveries(base)
-	q := s.list.Query()
+	s.listing = c.Hook.deliveries(base)
+	q := s.listing.Query()
 	q.Set("per_page", strconv.Itoa(c.PerPage))
-	s.list.RawQuery = q.Encode()
+	s.listing.RawQuery = q.Encode()
 	s.cfg = c
 	s.log = c.Logger.With("source", c.Source, "hook", s.hook)
 	return s, nil
@@ -129,6 +140,15 @@ type Result struct {
 	Redelivered []string `json:"redelivered"`
 	// Refused counts the redelivery requests GitHub refused (see the error).
 	Refused int `json:"refused"`
+	// Skipped counts the listed deliveries whose guid or event name cannot
+	// be an event's key or type (empty, too long, invalid UTF-8, a NUL
+	// byte; see txhook.Event.Validate): never redelivered, each logged.
+	Skipped int `json:"skipped"`
+	// CutShort says why the run stopped before it had read the window's
+	// whole listing or made every redelivery it found (Config.MaxPages, a
+	// next page link repeating a page, Config.RunTimeout); empty when it
+	// went to the end. A run cut short returns an error saying so.
+	CutShort string `json:"cut_short,omitempty"`
 }
 
 // unknownAfter is how long a redelivery request whose outcome is unknown
@@ -149,7 +169,8 @@ type guidState struct {
 // settled in the events table (Source, key = guid), those in flight (held by
 // a lease-mode claim whose lease runs) and those whose redelivery is
 // already on its way, and asks GitHub to redeliver each of the rest, once.
-// ctx bounds the whole run, waits on rate limits included.
+// ctx bounds the whole run, waits on rate limits included, and so does
+// Config.RunTimeout.
 //
 // Runs on one hook take turns: while another run (in any process) holds the
 // hook's advisory lock, Run returns at once with Result.Busy set. Each
@@ -158,18 +179,24 @@ type guidState struct {
 //
 // Run is the body of a periodic job: call it from cron (txhook github
 // redeliver), from RunEvery, or from a job queue's periodic job. A
-// redelivery that GitHub refuses does not stop the others; the run returns
-// them joined in its error, with the Result of what it did. A refused
+// redelivery that GitHub refuses does not stop the others, nor does a listed
+// delivery whose guid cannot be a key (Result.Skipped); the run returns the
+// refusals joined in its error, with the Result of what it did. A refused
 // credential, a rate limit wait past MaxRateLimitWait or a database error
-// stops the run.
+// stops the run. A run cut short (Result.CutShort: MaxPages, a repeated
+// page, RunTimeout) redelivers what it listed and returns an error saying
+// it was cut short. Every run that took the lock is recorded, with its
+// error.
 func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 	started := time.Now()
-	conn, err := s.pool.Acquire(ctx)
+	runCtx, cancelRun := context.WithTimeoutCause(ctx, s.cfg.RunTimeout, fmt.Errorf("the run reached RunTimeout (%s)", s.cfg.RunTimeout))
+	defer cancelRun()
+	conn, err := s.pool.Acquire(runCtx)
 	if err != nil {
 		return Result{}, fmt.Errorf("ghsweep: acquire connection: %w", err)
 	}
 	q := db.New(conn)
-	locked, err := q.TrySweeperLock(ctx, s.cfg.Source+" "+s.hook)
+	locked, err := q.TrySweeperLock(runCtx, s.cfg.Source+" "+s.hook)
 	if err != nil {
 		conn.Release()
 		return Result{}, fmt.Errorf("ghsweep: take sweeper lock: %w", err)
@@ -193,17 +220,20 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 
 	// The run's start as recorded comes from the database's clock, which
 	// also stamps its end.
-	state, err := q.GetSweeperCursor(ctx, db.GetSweeperCursorParams{Source: s.cfg.Source, Hook: s.hook})
+	state, err := q.GetSweeperCursor(runCtx, db.GetSweeperCursorParams{Source: s.cfg.Source, Hook: s.hook})
 	if err != nil {
 		return Result{}, fmt.Errorf("ghsweep: read sweeper state: %w", err)
 	}
-	res, newest, runErr := s.sweep(ctx, q, state.CursorDeliveryID)
+	res, newest, runErr := s.sweep(ctx, runCtx, q, state.CursorDeliveryID)
+	if res.CutShort != "" {
+		runErr = errors.Join(fmt.Errorf("ghsweep: run cut short: %s", res.CutShort), runErr)
+	}
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	var lastErr pgtype.Text
 	if runErr != nil {
-		lastErr = pgtype.Text{String: runErr.Error(), Valid: true}
+		lastErr = pgtype.Text{String: storable(runErr.Error()), Valid: true}
 	}
 	if err := q.SaveSweeperRun(sctx, db.SaveSweeperRunParams{
 		Source:           s.cfg.Source,
@@ -215,11 +245,16 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 		Settled:          int32(res.Settled),
 		Redelivered:      int32(len(res.Redelivered)),
 		LastError:        lastErr,
+		CutShort:         pgtype.Text{String: res.CutShort, Valid: res.CutShort != ""},
 	}); err != nil {
 		runErr = errors.Join(runErr, fmt.Errorf("ghsweep: record run: %w", err))
 	}
 	attrs := []any{"deliveries", res.Deliveries, "new", res.New, "failed", res.Failed, "settled", res.Settled,
-		"waiting", res.Waiting, "redelivered", len(res.Redelivered), "refused", res.Refused, "elapsed", time.Since(started).Round(time.Millisecond)}
+		"waiting", res.Waiting, "redelivered", len(res.Redelivered), "refused", res.Refused, "skipped", res.Skipped,
+		"elapsed", time.Since(started).Round(time.Millisecond)}
+	if res.CutShort != "" {
+		attrs = append(attrs, "cut_short", res.CutShort)
+	}
 	if runErr != nil {
 		s.log.Error("redelivery sweep failed", append(attrs, "err", runErr)...)
 	} else {
@@ -228,18 +263,126 @@ func (s *Sweeper) Run(ctx context.Context) (Result, error) {
 	return res, runErr
 }
 
-// sweep does a locked run's work and returns the newest delivery id listed.
-func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Result, int64, error) {
+// cutBy returns why runCtx, the run's context, ended while ctx, the
+// caller's, did not: one of the run's own deadlines, which cut the run
+// short rather than fail it. It returns "" otherwise.
+func cutBy(ctx, runCtx context.Context) string {
+	if runCtx.Err() == nil || ctx.Err() != nil {
+		return ""
+	}
+	return context.Cause(runCtx).Error()
+}
+
+// sweep does a locked run's work under runCtx, a context of ctx that the
+// run's deadline ends, and returns the newest delivery id listed. A run cut
+// short says why in Result.CutShort; its error is then only what went wrong
+// before.
+func (s *Sweeper) sweep(ctx, runCtx context.Context, q *db.Queries, cursor int64) (Result, int64, error) {
 	res := Result{Redelivered: []string{}}
 	c := s.client()
+	guids, newest, err := s.list(ctx, runCtx, c, cursor, &res)
+	if err != nil {
+		return res, newest, err
+	}
+
+	var failed []*guidState
+	for _, g := range guids {
+		if !g.ok {
+			failed = append(failed, g)
+		}
+	}
+	slices.SortFunc(failed, func(a, b *guidState) int {
+		return cmp.Or(a.firstFailed.Compare(b.firstFailed), cmp.Compare(a.guid, b.guid))
+	})
+	res.Failed = len(failed)
+	skip := map[string]bool{} // settled or in flight
+	for chunk := range slices.Chunk(failed, 500) {
+		keys := make([]string, len(chunk))
+		for i, g := range chunk {
+			keys[i] = g.guid
+		}
+		rows, err := q.SettledOrInFlightKeys(runCtx, db.SettledOrInFlightKeysParams{Source: s.cfg.Source, Keys: keys})
+		if err != nil {
+			if why := cutBy(ctx, runCtx); why != "" {
+				res.CutShort = cmp.Or(res.CutShort, why)
+				return res, newest, nil
+			}
+			return res, newest, fmt.Errorf("ghsweep: read settled keys: %w", err)
+		}
+		for _, r := range rows {
+			skip[r.EventKey] = true
+			if r.Settled {
+				res.Settled++
+			} else {
+				res.InFlight++
+			}
+		}
+	}
+
+	var refused []error
+	for _, g := range failed {
+		if skip[g.guid] {
+			continue
+		}
+		if why := cutBy(ctx, runCtx); why != "" {
+			res.CutShort = cmp.Or(res.CutShort, why)
+			break
+		}
+		redelivered, err := s.redeliver(runCtx, q, c, g)
+		if why := cutBy(ctx, runCtx); err != nil && why != "" {
+			res.CutShort = cmp.Or(res.CutShort, why)
+			break
+		}
+		var apiErr *APIError
+		switch {
+		case err == nil && redelivered:
+			res.Redelivered = append(res.Redelivered, g.guid)
+		case err == nil:
+			res.Waiting++
+		case errors.As(err, &apiErr) && !apiErr.fatal():
+			res.Refused++
+			s.log.Warn("redelivery refused", "guid", g.guid, "delivery_id", g.newest, "err", err)
+			if len(refused) < 10 {
+				refused = append(refused, fmt.Errorf("redeliver %s: %w", g.guid, err))
+			}
+		default:
+			return res, newest, err // rate limit, credential, network, database or cancellation: stop
+		}
+	}
+	return res, newest, errors.Join(refused...)
+}
+
+// list reads the hook's deliveries of the window, page by page, and returns
+// them by guid with the newest delivery id listed. It stops at the first
+// page reaching past the window, and cuts the run short (res.CutShort) at
+// a page already read, at MaxPages, or at half of RunTimeout.
+func (s *Sweeper) list(ctx, runCtx context.Context, c *client, cursor int64, res *Result) (map[string]*guidState, int64, error) {
+	listCtx, cancel := context.WithTimeoutCause(runCtx, s.cfg.RunTimeout/2,
+		fmt.Errorf("the listing reached half of RunTimeout (%s)", s.cfg.RunTimeout/2))
+	defer cancel()
 	cutoff := time.Now().Add(-s.cfg.Window)
 	guids := map[string]*guidState{}
+	read := map[string]bool{}  // pages
+	listed := map[int64]bool{} // delivery ids
 	var newest int64
-	for next := s.list.String(); next != ""; {
+	for next, pages := s.listing.String(), 0; next != ""; pages++ {
+		switch {
+		case read[next]:
+			res.CutShort = "the listing's next page link repeats a page already read"
+			return guids, newest, nil
+		case pages == s.cfg.MaxPages:
+			res.CutShort = fmt.Sprintf("the listing reached MaxPages (%d pages) before the end of the window", s.cfg.MaxPages)
+			return guids, newest, nil
+		}
+		read[next] = true
 		var page []delivery
 		var err error
-		if next, err = c.get(ctx, next, &page); err != nil {
-			return res, newest, err
+		if next, err = c.get(listCtx, next, &page); err != nil {
+			if why := cutBy(ctx, listCtx); why != "" {
+				res.CutShort = why
+				return guids, newest, nil
+			}
+			return guids, newest, err
 		}
 		older := false
 		for _, d := range page {
@@ -247,11 +390,21 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 				older = true // listed newest first: the rest of the listing is older
 				continue
 			}
+			if listed[d.ID] {
+				continue
+			}
+			listed[d.ID] = true
 			res.Deliveries++
 			if d.ID > cursor {
 				res.New++
 			}
 			newest = max(newest, d.ID)
+			if err := (txhook.Event{Source: s.cfg.Source, Key: d.GUID, Type: d.Event}).Validate(); err != nil {
+				res.Skipped++
+				s.log.Warn("listed delivery skipped: its guid or event cannot be an event's key or type",
+					"guid", cut(d.GUID, 100), "event", cut(d.Event, 100), "delivery_id", d.ID, "err", err)
+				continue
+			}
 			g := guids[d.GUID]
 			if g == nil {
 				g = &guidState{guid: d.GUID, event: d.Event}
@@ -270,95 +423,63 @@ func (s *Sweeper) sweep(ctx context.Context, q *db.Queries, cursor int64) (Resul
 			break
 		}
 	}
+	return guids, newest, nil
+}
 
-	var failed []*guidState
-	for _, g := range guids {
-		if !g.ok && g.guid != "" {
-			failed = append(failed, g)
-		}
-	}
-	slices.SortFunc(failed, func(a, b *guidState) int {
-		return cmp.Or(a.firstFailed.Compare(b.firstFailed), cmp.Compare(a.guid, b.guid))
+// redeliver records the redelivery of g and asks GitHub for it, unless a
+// redelivery of it is already on its way (false, nil). A refusal is
+// recorded and returned.
+func (s *Sweeper) redeliver(ctx context.Context, q *db.Queries, c *client, g *guidState) (bool, error) {
+	n, err := q.ClaimRedelivery(ctx, db.ClaimRedeliveryParams{
+		Source:         s.cfg.Source,
+		Guid:           g.guid,
+		Hook:           s.hook,
+		Event:          g.event,
+		LastDeliveryID: g.newest,
+		FirstFailedAt:  pgtype.Timestamptz{Time: g.firstFailed, Valid: true},
+		ResendAfter:    pgtype.Interval{Microseconds: s.cfg.ResendAfter.Microseconds(), Valid: true},
+		UnknownAfter:   pgtype.Interval{Microseconds: min(s.cfg.ResendAfter, unknownAfter).Microseconds(), Valid: true},
+		Backoff:        pgtype.Interval{Microseconds: s.cfg.Backoff.Microseconds(), Valid: true},
 	})
-	res.Failed = len(failed)
-	skip := map[string]bool{} // settled or in flight
-	for chunk := range slices.Chunk(failed, 500) {
-		keys := make([]string, len(chunk))
-		for i, g := range chunk {
-			keys[i] = g.guid
-		}
-		rows, err := q.SettledOrInFlightKeys(ctx, db.SettledOrInFlightKeysParams{Source: s.cfg.Source, Keys: keys})
-		if err != nil {
-			return res, newest, fmt.Errorf("ghsweep: read settled keys: %w", err)
-		}
-		for _, r := range rows {
-			skip[r.EventKey] = true
-			if r.Settled {
-				res.Settled++
-			} else {
-				res.InFlight++
-			}
-		}
+	if err != nil {
+		return false, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
 	}
-
-	var refused []error
-	for _, g := range failed {
-		if skip[g.guid] {
-			continue
-		}
-		n, err := q.ClaimRedelivery(ctx, db.ClaimRedeliveryParams{
-			Source:         s.cfg.Source,
-			Guid:           g.guid,
-			Hook:           s.hook,
-			Event:          g.event,
-			LastDeliveryID: g.newest,
-			FirstFailedAt:  pgtype.Timestamptz{Time: g.firstFailed, Valid: true},
-			ResendAfter:    pgtype.Interval{Microseconds: s.cfg.ResendAfter.Microseconds(), Valid: true},
-			UnknownAfter:   pgtype.Interval{Microseconds: min(s.cfg.ResendAfter, unknownAfter).Microseconds(), Valid: true},
-			Backoff:        pgtype.Interval{Microseconds: s.cfg.Backoff.Microseconds(), Valid: true},
-		})
-		if err != nil {
-			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
-		}
-		if n == 0 {
-			res.Waiting++
-			continue
-		}
-		attempts := s.list.JoinPath(strconv.FormatInt(g.newest, 10), "attempts")
-		attempts.RawQuery = ""
-		if err := c.post(ctx, attempts.String()); err != nil {
-			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			merr := q.MarkRedeliveryFailed(mctx, db.MarkRedeliveryFailedParams{
-				Source: s.cfg.Source, Guid: g.guid, LastError: pgtype.Text{String: err.Error(), Valid: true}})
-			cancel()
-			if merr != nil {
-				return res, newest, errors.Join(err, fmt.Errorf("ghsweep: record refused redelivery of %s: %w", g.guid, merr))
-			}
-			var apiErr *APIError
-			if !errors.As(err, &apiErr) || apiErr.fatal() {
-				return res, newest, err // rate limit, credential, network or cancellation: stop
-			}
-			res.Refused++
-			s.log.Warn("redelivery refused", "guid", g.guid, "delivery_id", g.newest, "err", err)
-			if len(refused) < 10 {
-				refused = append(refused, fmt.Errorf("redeliver %s: %w", g.guid, err))
-			}
-			continue
-		}
-		if err := q.MarkRedeliveryRequested(ctx, db.MarkRedeliveryRequestedParams{Source: s.cfg.Source, Guid: g.guid}); err != nil {
-			return res, newest, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
-		}
-		res.Redelivered = append(res.Redelivered, g.guid)
-		s.log.Info("redelivery requested", "guid", g.guid, "event", g.event, "delivery_id", g.newest, "failed_at", g.firstFailed)
+	if n == 0 {
+		return false, nil
 	}
-	return res, newest, errors.Join(refused...)
+	attempts := s.listing.JoinPath(strconv.FormatInt(g.newest, 10), "attempts")
+	attempts.RawQuery = ""
+	if err := c.post(ctx, attempts.String()); err != nil {
+		if ctx.Err() != nil {
+			// Cut by the run's deadline or the caller: whether GitHub got
+			// the request is unknown. It stays requesting, asked for again
+			// after unknownAfter.
+			return false, err
+		}
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if merr := q.MarkRedeliveryFailed(mctx, db.MarkRedeliveryFailedParams{
+			Source: s.cfg.Source, Guid: g.guid, LastError: pgtype.Text{String: storable(err.Error()), Valid: true}}); merr != nil {
+			// Not the refusal: a database that cannot record it stops the run.
+			return false, fmt.Errorf("ghsweep: record refused redelivery of %s (%v): %w", g.guid, err, merr)
+		}
+		return false, err
+	}
+	// GitHub accepted: record it even past the run's deadline.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := q.MarkRedeliveryRequested(mctx, db.MarkRedeliveryRequestedParams{Source: s.cfg.Source, Guid: g.guid}); err != nil {
+		return false, fmt.Errorf("ghsweep: record redelivery of %s: %w", g.guid, err)
+	}
+	s.log.Info("redelivery requested", "guid", g.guid, "event", g.event, "delivery_id", g.newest, "failed_at", g.firstFailed)
+	return true, nil
 }
 
 // client returns a client for one run.
 func (s *Sweeper) client() *client {
 	c := &client{
 		http:    s.cfg.HTTPClient,
-		base:    s.list,
+		base:    s.listing,
 		maxWait: s.cfg.MaxRateLimitWait,
 		pause:   s.cfg.PostPause,
 		now:     time.Now,

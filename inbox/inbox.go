@@ -32,14 +32,30 @@
 //
 // # Jobs
 //
-// A handler error makes the job fail: River retries it with its backoff,
-// and the event stays queued (its row counts the attempts and keeps the
-// last error). A txhook.Permanent error records the event as failed (a dead
-// letter, replayable with txhook.Replayer) and cancels the job
-// (river.JobCancel); an error on the job's last attempt records the event as
-// failed too and the job is discarded. A job whose event is already settled
-// only completes. A worker killed mid-job is rescued by River after
-// Config.River.RescueStuckJobsAfter and the event is applied once.
+// An accepted event ends applied or as a dead letter (a failed row, replayed
+// with txhook.Replayer, the console or the CLI), whatever happens to its
+// job. A handler error or panic makes the job fail: River retries it with
+// its backoff, and the event stays queued (its row takes the try's number
+// and keeps the last error). A txhook.Permanent error records the event as
+// failed and cancels the job (river.JobCancel); an error or a panic on the
+// job's last attempt records the event as failed too and the job is
+// discarded. A job whose event is already settled only completes. A worker
+// killed mid-job is rescued by River after Config.River.RescueStuckJobsAfter
+// and the event is applied once.
+//
+// Two failures are never the handler's, and never make a dead letter: a
+// shutdown (Stop, StopAndCancel, the end of Start's context) cuts the try
+// short, and River runs the job again after the restart without counting it;
+// a database fault (txhook.ErrUnavailable, txhook.ErrCommitUnknown) on the
+// last attempt snoozes the job (river.JobSnooze) until the database
+// answers. An event whose job River gave up on otherwise (a worker killed on
+// the last attempt), or that an operator discarded, cancelled or deleted, is
+// stuck: every StuckCheckEvery the River leader records such events as failed
+// (txhook.Processor.FailStuck), their error naming the job.
+//
+// Every failed try is logged through the txhook.Processor's logger
+// (txhook.Config.Logger): the event, the try's number, the error and the next
+// try, or the dead letter. River's own log goes to Config.River.Logger.
 //
 // # Setup
 //
@@ -51,14 +67,15 @@
 //		Provider: &handler.GitHub{Secrets: secrets},
 //		Routes:   map[string]handler.Route{"push": ib.Tx("github", "push", onPush)},
 //	})
-//	if err := ib.Start(ctx); err != nil { ... }
-//	defer ib.Stop(context.Background())
+//	if err := ib.Start(context.WithoutCancel(ctx)); err != nil { ... } // Stop drains
+//	defer ib.Stop(shutdownCtx)
 package inbox
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,6 +84,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
@@ -114,6 +132,11 @@ type Config struct {
 	// to River.Queues when missing. Its JobTimeout defaults to DefaultJobTimeout and its
 	// RescueStuckJobsAfter to twice the JobTimeout (River's own default is an
 	// hour, which would leave the job of a killed worker waiting that long).
+	// The inbox adds its check for stuck events to River.PeriodicJobs, unless
+	// River.LeaderElectionDisabled (River runs periodic jobs on its leader
+	// only: another client of the database must then run the check). River
+	// logs to River.Logger (by default, warnings and errors to standard
+	// output); the inbox's failed tries are logged by the Processor.
 	// Defaults to a configuration with only the inbox.
 	River *river.Config
 	// Queue is the River queue of the inbox's jobs. Defaults to QueueName.
@@ -127,6 +150,13 @@ type Config struct {
 	MaxAttempts int
 }
 
+// StuckCheckEvery is how often the inbox looks for stuck events (queued, or
+// in progress with their lease ended, whose River job has ended or is gone
+// without applying them) and records them as failed, for a replay: see
+// txhook.Processor.FailStuck. It runs as a River periodic job on the
+// client's leader, also when the leader starts.
+const StuckCheckEvery = time.Minute
+
 // Inbox accepts events into River and applies them with River's workers.
 // Register routes (Tx, Lease) before Start. It is safe for concurrent use.
 type Inbox struct {
@@ -135,6 +165,9 @@ type Inbox struct {
 	client      *river.Client[pgx.Tx]
 	queue       string
 	maxAttempts int
+	schema      string                  // River's schema (River.Schema)
+	retry       river.ClientRetryPolicy // River's, for the next try of a failed job
+	nextTry     sync.Map                // job id -> time.Time: the next try of the try ending (see nextTryOf)
 
 	mu       sync.RWMutex
 	handlers map[routeKey]txhook.HandlerFunc
@@ -188,14 +221,32 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 		pool:        pool,
 		queue:       c.Queue,
 		maxAttempts: c.MaxAttempts,
+		schema:      rc.Schema,
+		retry:       rc.RetryPolicy,
 		handlers:    make(map[routeKey]txhook.HandlerFunc),
 		leases:      make(map[routeKey]txhook.LeaseHandler),
+	}
+	if ib.retry == nil {
+		ib.retry = &river.DefaultClientRetryPolicy{}
 	}
 	if err := river.AddWorkerSafely(rc.Workers, &txWorker{ib: ib}); err != nil {
 		return nil, fmt.Errorf("inbox: add worker: %w", err)
 	}
 	if err := river.AddWorkerSafely(rc.Workers, &leaseWorker{ib: ib}); err != nil {
 		return nil, fmt.Errorf("inbox: add worker: %w", err)
+	}
+	if err := river.AddWorkerSafely(rc.Workers, &stuckWorker{ib: ib}); err != nil {
+		return nil, fmt.Errorf("inbox: add worker: %w", err)
+	}
+	if !rc.LeaderElectionDisabled { // River runs periodic jobs on its leader only
+		rc.PeriodicJobs = append(slices.Clip(rc.PeriodicJobs), river.NewPeriodicJob(
+			river.PeriodicInterval(StuckCheckEvery),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return stuckArgs{}, &river.InsertOpts{Queue: ib.queue, MaxAttempts: 1,
+					UniqueOpts: river.UniqueOpts{ByQueue: true}}
+			},
+			&river.PeriodicJobOpts{ID: stuckArgs{}.Kind() + ":" + ib.queue, RunOnStart: true},
+		))
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &rc)
 	if err != nil {
@@ -222,19 +273,46 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Client returns the River client, for the application's own jobs.
 func (ib *Inbox) Client() *river.Client[pgx.Tx] { return ib.client }
 
-// Start starts River's workers. ctx is the workers' base context.
+// Start starts River's workers and returns. ctx carries the values of the
+// workers' contexts and ends the inbox at once when it ends, as
+// StopAndCancel does: running applies are cancelled, roll back, and their
+// jobs run again when an inbox starts next, the cut try not counted (River
+// marks them available), on their last attempt too; no event becomes a dead
+// letter for it. To let running applies finish first (a drain), keep ctx
+// alive, for example context.Background() or context.WithoutCancel of a
+// signal's context, and call Stop on shutdown:
+//
+//	sig, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+//	defer stop()
+//	if err := ib.Start(context.WithoutCancel(sig)); err != nil { ... }
+//	<-sig.Done()                                    // SIGTERM: stop taking deliveries first
+//	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+//	defer cancel()
+//	err := ib.Stop(sctx) // drains; past 30s cancels what still runs (run again after the restart)
 func (ib *Inbox) Start(ctx context.Context) error {
-	if err := ib.client.Start(ctx); err != nil {
+	// River's work contexts inherit Start's: its cancellation would end
+	// them with its own cause, which River counts as a failed try (and, on
+	// the last, discards the job). Stopping the client instead gives them
+	// River's stop cause, which it does not count.
+	if err := ib.client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("inbox: start: %w", err)
 	}
+	stopped := ib.client.Stopped()
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = ib.client.StopAndCancel(context.WithoutCancel(ctx))
+		case <-stopped:
+		}
+	}()
 	return nil
 }
 
 // Stop stops fetching jobs and waits for running ones to finish (River's
 // Stop). When ctx ends first, running jobs are cancelled and awaited
-// (StopAndCancel): a cancelled apply rolls back and River retries its job,
-// counting the attempt (on the last attempt the event is recorded as
-// failed, for a replay).
+// (StopAndCancel): a cancelled apply rolls back, its event stays queued (a
+// lease route's claim is released), and River runs its job again when an
+// inbox starts next, without counting the cut try, on its last attempt too.
 func (ib *Inbox) Stop(ctx context.Context) error {
 	err := ib.client.Stop(ctx)
 	if err != nil && ctx.Err() != nil {
@@ -353,11 +431,7 @@ type txWorker struct {
 func (w *txWorker) Work(ctx context.Context, job *river.Job[Args]) error {
 	ib := w.ib
 	source := job.Args.Source
-	j := txhook.QueuedJob{
-		Source:      source,
-		Key:         job.Args.Key,
-		LastAttempt: job.Attempt >= job.MaxAttempts,
-	}
+	j := ib.queuedJob(job.JobRow, source, job.Args.Key)
 	res, err := ib.proc.ApplyQueued(ctx, j, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		h, ok := ib.txHandler(source, ev.Type)
 		if !ok {
@@ -365,8 +439,12 @@ func (w *txWorker) Work(ctx context.Context, job *river.Job[Args]) error {
 		}
 		return h(ctx, tx, ev)
 	})
-	return jobResult(j, res, err)
+	return ib.jobResult(ctx, job.JobRow, j, res, err)
 }
+
+// NextRetry is when River runs the job again after a failed try: the time
+// the try's log showed (River's retry policy's).
+func (w *txWorker) NextRetry(job *river.Job[Args]) time.Time { return w.ib.takeNextTry(job.JobRow) }
 
 // leaseWorker applies the events of lease-mode handlers.
 type leaseWorker struct {
@@ -377,17 +455,13 @@ type leaseWorker struct {
 // Work applies one event with txhook.Processor.ApplyQueuedLease.
 func (w *leaseWorker) Work(ctx context.Context, job *river.Job[LeaseArgs]) error {
 	ib := w.ib
-	j := txhook.QueuedJob{
-		Source:      job.Args.Source,
-		Key:         job.Args.Key,
-		LastAttempt: job.Attempt >= job.MaxAttempts,
-	}
+	j := ib.queuedJob(job.JobRow, job.Args.Source, job.Args.Key)
 	rec, err := txhook.GetEventRecord(ctx, ib.pool, j.Source, j.Key)
 	switch {
 	case errors.Is(err, txhook.ErrEventNotFound):
 		return nil // gone (pruned): nothing to apply
 	case err != nil:
-		return err
+		return ib.jobResult(ctx, job.JobRow, j, txhook.Result{}, err)
 	}
 	h, ok := ib.leaseHandler(j.Source, rec.Type)
 	if !ok {
@@ -396,7 +470,13 @@ func (w *leaseWorker) Work(ctx context.Context, job *river.Job[LeaseArgs]) error
 		h = failLease(fmt.Errorf("%w %q of source %q", txhook.ErrNoHandler, rec.Type, j.Source))
 	}
 	res, err := ib.proc.ApplyQueuedLease(ctx, j, h)
-	return jobResult(j, res, err)
+	return ib.jobResult(ctx, job.JobRow, j, res, err)
+}
+
+// NextRetry is when River runs the job again after a failed try: the time
+// the try's log showed (River's retry policy's).
+func (w *leaseWorker) NextRetry(job *river.Job[LeaseArgs]) time.Time {
+	return w.ib.takeNextTry(job.JobRow)
 }
 
 // failLease is the lease handler of an event without one: its work fails
@@ -407,11 +487,78 @@ func failLease(err error) txhook.LeaseHandler {
 	}}
 }
 
+// maxFaultWait bounds the wait before the last try of a job runs again
+// after a database fault (River's backoff on a 25th try is days).
+const maxFaultWait = time.Minute
+
+// queuedJob is the apply's view of the River job row: its try's number,
+// whether it is the last, and when River runs it again should it fail
+// (nextTryOf).
+func (ib *Inbox) queuedJob(row *rivertype.JobRow, source, key string) txhook.QueuedJob {
+	ib.nextTry.Delete(row.ID) // an earlier try's, if River did not ask for it
+	return txhook.QueuedJob{
+		Source:      source,
+		Key:         key,
+		Attempt:     row.Attempt,
+		LastAttempt: row.Attempt >= row.MaxAttempts,
+		NextTry:     func() time.Time { return ib.nextTryOf(row) },
+	}
+}
+
+// nextTryOf returns when River runs the job of row again after the try
+// that is ending fails: what River's retry policy says, or, on the last
+// attempt, when the wait after a database fault is over (see jobResult).
+// It is computed once per try, at its end (the log of the failed try, the
+// snooze, or River's call to the worker's NextRetry), and kept until
+// River asks for it (takeNextTry), so that the log shows River's time.
+func (ib *Inbox) nextTryOf(row *rivertype.JobRow) time.Time {
+	if t, ok := ib.nextTry.Load(row.ID); ok {
+		return t.(time.Time)
+	}
+	t := ib.retry.NextRetry(row)
+	if row.Attempt >= row.MaxAttempts {
+		t = time.Now().Add(min(max(time.Until(t), 0), maxFaultWait))
+	}
+	ib.nextTry.Store(row.ID, t)
+	return t
+}
+
+// takeNextTry returns nextTryOf(row) and forgets it.
+func (ib *Inbox) takeNextTry(row *rivertype.JobRow) time.Time {
+	t := ib.nextTryOf(row)
+	ib.nextTry.Delete(row.ID)
+	return t
+}
+
 // jobResult turns an apply's answer into the job's: nil completes it (River
 // records the completion after Work returns), an error retries it,
 // JobSnooze waits for a claim held elsewhere, JobCancel ends a job whose
-// event was recorded as failed.
-func jobResult(j txhook.QueuedJob, res txhook.Result, err error) error {
+// event was recorded as failed. An error that is not the handler's failure
+// never lets River give the job up:
+//   - the job's context cancelled (Stop, StopAndCancel, the end of Start's
+//     context): the error says so (context.Canceled), and River makes the
+//     job available again without counting the try;
+//   - a database fault (txhook.ErrUnavailable, txhook.ErrCommitUnknown) on
+//     the last attempt: the job is snoozed (nextTryOf: River's backoff, at
+//     most maxFaultWait) and tried again, its attempt not counted, until the
+//     database answers.
+//
+// River asks the worker for the next try (NextRetry) only after an error
+// it retries; the time kept for it is dropped otherwise.
+func (ib *Inbox) jobResult(ctx context.Context, row *rivertype.JobRow, j txhook.QueuedJob, res txhook.Result, err error) error {
+	switch {
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		ib.nextTry.Delete(row.ID)
+		if !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w (%w)", err, context.Canceled)
+		}
+		return err
+	case err != nil && j.LastAttempt && (errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown)):
+		return river.JobSnooze(max(time.Until(ib.takeNextTry(row)), 0))
+	case err != nil && !j.LastAttempt:
+		return err // River asks for the next try
+	}
+	ib.nextTry.Delete(row.ID)
 	if err != nil {
 		return err
 	}
@@ -425,4 +572,53 @@ func jobResult(j txhook.QueuedJob, res txhook.Result, err error) error {
 		return river.JobCancel(res.Err)
 	}
 	return nil
+}
+
+// stuckArgs are the arguments of the periodic job that records stuck
+// events as failed.
+type stuckArgs struct{}
+
+// Kind is River's name for the job.
+func (stuckArgs) Kind() string { return "txhook_inbox_stuck" }
+
+// stuckWorker records the stuck events of the inbox's sources as failed
+// (txhook.Processor.FailStuck).
+type stuckWorker struct {
+	river.WorkerDefaults[stuckArgs]
+	ib *Inbox
+}
+
+// Work runs one check.
+func (w *stuckWorker) Work(ctx context.Context, _ *river.Job[stuckArgs]) error {
+	_, err := w.ib.failStuck(ctx)
+	return err
+}
+
+// failStuck records the stuck events of the sources that have routes on the
+// inbox as failed; none are checked while no route is registered.
+func (ib *Inbox) failStuck(ctx context.Context) ([]txhook.EventRecord, error) {
+	sources := ib.sources()
+	if len(sources) == 0 {
+		return nil, nil
+	}
+	evs, err := ib.proc.FailStuck(ctx, ib.schema, sources)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
+	return evs, nil
+}
+
+// sources returns the sources that have routes on the inbox, sorted.
+func (ib *Inbox) sources() []string {
+	ib.mu.RLock()
+	defer ib.mu.RUnlock()
+	var out []string
+	for k := range ib.handlers {
+		out = append(out, k.source)
+	}
+	for k := range ib.leases {
+		out = append(out, k.source)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

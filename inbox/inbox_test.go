@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -93,6 +94,7 @@ type setup struct {
 	db   *testdb.DB
 	proc *txhook.Processor
 	ib   *inbox.Inbox
+	logs *logBuffer // the processor's log, JSON lines
 }
 
 func newSetup(t *testing.T, cfg *inbox.Config) setup {
@@ -104,7 +106,8 @@ func newSetup(t *testing.T, cfg *inbox.Config) setup {
 // applied table.
 func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
 	t.Helper()
-	proc, err := txhook.NewProcessor(d.Pool, nil)
+	logs := &logBuffer{}
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +121,7 @@ func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return setup{db: d, proc: proc, ib: ib}
+	return setup{db: d, proc: proc, ib: ib, logs: logs}
 }
 
 func (s setup) start(t *testing.T) {
@@ -153,6 +156,40 @@ func (s setup) waitStatus(t *testing.T, key, status string) txhook.EventRecord {
 	}
 }
 
+// waitUntil waits up to within for cond, and fails t with what otherwise.
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// record returns the event's record, failing t if it is not found.
+func (s setup) record(t *testing.T, key string) txhook.EventRecord {
+	t.Helper()
+	rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// waitStatusWithin is waitStatus for a job that needs no rescue: it fails
+// after within.
+func (s setup) waitStatusWithin(t *testing.T, within time.Duration, key, status string) txhook.EventRecord {
+	t.Helper()
+	var rec txhook.EventRecord
+	waitUntil(t, within, fmt.Sprintf("event %s reaches status %s", key, status), func() bool {
+		rec = s.record(t, key)
+		return rec.Status == status
+	})
+	return rec
+}
+
 func (s setup) applied(t *testing.T, key string) int {
 	t.Helper()
 	var n int
@@ -185,6 +222,15 @@ func (s setup) waitJobState(t *testing.T, id int64, state string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// job returns the River job's state and attempt.
+func (s setup) job(t *testing.T, id int64) (state string, attempt int) {
+	t.Helper()
+	if err := s.db.Pool.QueryRow(t.Context(), `SELECT state, attempt FROM river_job WHERE id = $1`, id).Scan(&state, &attempt); err != nil {
+		t.Fatal(err)
+	}
+	return state, attempt
 }
 
 func (s setup) jobs(t *testing.T) int {
@@ -453,38 +499,42 @@ func TestNoHandlerFailsTheEvent(t *testing.T) {
 	}
 }
 
-// The database session dies under the apply on the job's last attempt: not
-// the handler's failure, so the event is not recorded as failed on either
-// kind of route (the transactional route's row stays queued, the lease
-// route's claim is released), and the job is discarded.
+// The database session dies under the apply on the job's only attempt, three
+// times: not the handler's failure, so the event is never recorded as
+// failed, and River never gives the job up (it would discard it, the event
+// queued for ever): the job is snoozed and tried again, on either kind of
+// route, until the database answers and the event is applied once.
 func TestLastAttemptDatabaseDownIsNotAFailure(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, &inbox.Config{MaxAttempts: 1})
-	kill := func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
-		return err
+	var kills sync.Map // event key -> *atomic.Int32: the tries that killed their session
+	killFirst := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		n, _ := kills.LoadOrStore(ev.Key, new(atomic.Int32))
+		if n.(*atomic.Int32).Add(1) <= 3 {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return err
+		}
+		return apply(ctx, tx, ev)
 	}
-	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, _ txhook.Event) error { return kill(ctx, tx) })
+	s.ib.Tx("github", "push", killFirst)
 	s.ib.Lease("github", "push", txhook.LeaseHandler{Lease: 5 * time.Second,
-		Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return kill, nil }})
-	want := map[string]string{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
-	for key := range want {
+		Work: func(_ context.Context, _ txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+			return func(ctx context.Context, tx pgx.Tx) error { return killFirst(ctx, tx, ev) }, nil
+		}})
+	for _, key := range []string{"tx-1", "lease-1"} {
 		if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, key == "lease-1"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s.start(t)
-	for key, status := range want {
-		rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key)
-		if err != nil {
-			t.Fatal(err)
+	for _, key := range []string{"tx-1", "lease-1"} {
+		rec := s.waitStatusWithin(t, 10*time.Second, key, txhook.StatusDone)
+		s.waitJobState(t, rec.JobID, string(rivertype.JobStateCompleted))
+		if n := s.applied(t, key); n != 1 {
+			t.Errorf("%s: applied %d times, want 1", key, n)
 		}
-		s.waitJobState(t, rec.JobID, string(rivertype.JobStateDiscarded))
-		if rec, err = txhook.GetEventRecord(t.Context(), s.db.Pool, "github", key); err != nil {
-			t.Fatal(err)
-		}
-		if rec.Status != status {
-			t.Errorf("%s: status %q (last error %q), want %q", key, rec.Status, rec.LastError, status)
+		if state, attempt := s.job(t, rec.JobID); attempt != 1 {
+			t.Errorf("%s: job %s at attempt %d, want 1 (the tries cut by the fault not counted)", key, state, attempt)
 		}
 	}
 }
@@ -534,6 +584,34 @@ func TestLeaseRoute(t *testing.T) {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// logBuffer collects log lines from concurrent writers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// records returns the JSON records logged so far.
+func (l *logBuffer) records(t *testing.T) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for line := range bytes.Lines(l.b.Bytes()) {
+		var r map[string]any
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
 // TestCrashPoints accepts one event per crash point of the inbox, runs a
 // worker process armed to exit at each, then runs a worker in this process:
 // every event is applied exactly once.
@@ -552,7 +630,24 @@ func TestCrashPoints(t *testing.T) {
 			if n := s.applied(t, key); n != 1 {
 				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
+			s.checkAttempts(t, rec, p == txhook.CrashInboxAfterCommit)
 		})
+	}
+}
+
+// checkAttempts checks that the event's attempts is the number of River's
+// try that applied it: the job's attempt, or the one before when the dead
+// worker's try had applied it (appliedEarlier) and River's next run of the
+// job only found it done.
+func (s setup) checkAttempts(t *testing.T, rec txhook.EventRecord, appliedEarlier bool) {
+	t.Helper()
+	_, attempt := s.job(t, rec.JobID)
+	want := attempt
+	if appliedEarlier {
+		want--
+	}
+	if rec.Attempts != want {
+		t.Errorf("event attempts = %d, River's job at attempt %d: want %d", rec.Attempts, attempt, want)
 	}
 }
 
@@ -604,6 +699,7 @@ func TestLeaseCrashPoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			s.checkAttempts(t, rec, p == txhook.CrashLeaseAfterCommit)
 			if len(calls) < minCalls[p] {
 				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, minCalls[p], p)
 			}

@@ -84,6 +84,20 @@ WHERE status IN ('failed', 'in_progress')
 ORDER BY created_at DESC, source DESC, event_key DESC
 LIMIT @max_rows::integer;
 
+-- name: AdminEvent :one
+-- One event for the console's event page, through the primary key: every column but the
+-- payload, of which it returns the size and at most @preview_bytes from the start. substring
+-- reads no more of a stored payload than the part it returns (a slice of the TOAST value), so a
+-- page costs the same for a payload of 1 kB or 25 MB.
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size,
+       coalesce(substring(payload FROM 1 FOR @preview_bytes::integer), ''::bytea)::bytea AS preview,
+       job_id
+FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key;
+
 -- name: AdminDiscardFailed :execrows
 -- Deletes a failed event (a dead letter an operator gave up on). Rows in any other status,
 -- and a row a concurrent replay holds, are left alone.
@@ -93,3 +107,45 @@ WHERE ctid = (
     WHERE e.source = @source AND e.event_key = @event_key AND e.status = 'failed'
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: AdminQueuedPage :many
+-- One page of inbox mode's queued events, newest first, after the cursor (created_at, source,
+-- event_key): keyset pagination on txhook_processed_events_queued_idx. The first page passes
+-- 'infinity'.
+SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
+       lease_expires_at, completed_at, last_error,
+       (payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(payload), 0)::integer AS payload_size
+FROM txhook_processed_events
+WHERE status = 'queued'
+  AND (@source::text = '' OR source = @source::text)
+  AND (@event_type::text = '' OR event_type = @event_type::text)
+  AND created_at >= @since::timestamptz
+  AND created_at <= @before_at::timestamptz
+  AND (created_at, source, event_key) < (@before_at::timestamptz, @before_source::text, @before_key::text)
+ORDER BY created_at DESC, source DESC, event_key DESC
+LIMIT @max_rows::integer;
+
+-- name: AdminStuckPage :many
+-- One page of stuck events (see txhook_stuck_events: queued or in progress, and nothing will
+-- apply them), newest first, after the cursor (created_at, source, event_key).
+SELECT e.source, e.event_key, e.event_type, e.status, e.attempts, e.created_at, e.claimed_at,
+       e.lease_expires_at, e.completed_at, e.last_error,
+       (e.payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(e.payload), 0)::integer AS payload_size
+FROM txhook_processed_events AS e
+JOIN txhook_stuck_events(NULL, nullif(@source::text, ''), NULL) AS s
+  ON s.source = e.source AND s.event_key = e.event_key
+WHERE (@event_type::text = '' OR e.event_type = @event_type::text)
+  AND e.created_at >= @since::timestamptz
+  AND e.created_at <= @before_at::timestamptz
+  AND (e.created_at, e.source, e.event_key) < (@before_at::timestamptz, @before_source::text, @before_key::text)
+ORDER BY e.created_at DESC, e.source DESC, e.event_key DESC
+LIMIT @max_rows::integer;
+
+-- name: AdminStuckEvent :many
+-- Why nothing will apply the event source/event_key (see txhook_stuck_events): its queue job and
+-- the job's state ('gone' once deleted; 0 and '' for a lease-mode claim without a job). No row:
+-- it is not stuck.
+SELECT coalesce(s.job_id, 0)::bigint AS job_id, coalesce(s.job_state, '')::text AS job_state
+FROM txhook_stuck_events(NULL, @source::text, @event_key::text) AS s;

@@ -20,32 +20,39 @@ WHERE source = @source AND event_key = @event_key
 FOR UPDATE;
 
 -- name: MarkQueuedDone :execrows
--- Marks a queued event done; its payload is kept only when keep_payload is set.
+-- Marks a queued event done; its payload is kept only when keep_payload is set. attempt is the
+-- queue's number of the try that applied it (0: unknown), which attempts then shows.
 UPDATE txhook_processed_events
-SET status = 'done', completed_at = now(),
+SET status = 'done', completed_at = now(), attempts = greatest(attempts, @attempt::integer),
     payload = CASE WHEN @keep_payload::boolean THEN payload END
 WHERE source = @source AND event_key = @event_key AND status = 'queued';
 
 -- name: RecordQueuedError :execrows
--- Records a failed try of a queued event that its job will retry.
+-- Records a failed try of a queued event that its job will retry: attempts becomes the queue's
+-- number of the try (attempt), or counts one more try when the queue gives none (0).
 UPDATE txhook_processed_events
-SET attempts = attempts + 1, last_error = @last_error
+SET attempts = CASE WHEN @attempt::integer > 0 THEN greatest(attempts, @attempt::integer) ELSE attempts + 1 END,
+    last_error = @last_error
 WHERE source = @source AND event_key = @event_key AND status = 'queued';
 
 -- name: MarkQueuedFailed :execrows
--- Records a queued event as failed for good (a dead letter, replayable: its payload stays).
+-- Records a queued event as failed for good (a dead letter, replayable: its payload stays), after
+-- the queue's try number attempt (0: unknown).
 UPDATE txhook_processed_events
-SET status = 'failed', completed_at = now(), last_error = @last_error
+SET status = 'failed', completed_at = now(), attempts = greatest(attempts, @attempt::integer),
+    last_error = @last_error
 WHERE source = @source AND event_key = @event_key AND status = 'queued';
 
 -- name: ClaimQueuedEvent :one
 -- Inbox mode's claim for a lease-mode handler: takes a queued event (fencing token: its
 -- attempts), or an in-progress one whose lease has ended (attempts + 1), for lease_ms, and returns
--- the claim's claimed_at, which lease mode's writes are conditional on too. No row: the event is
--- settled, gone or held by a live claim.
+-- the claim's claimed_at, which lease mode's writes are conditional on too. The token is raised
+-- to the queue's number of the try (attempt, 0: unknown) when that is higher, so that attempts
+-- and the queue's count agree after a try that wrote nothing (its worker killed): it still grows
+-- with every claim. No row: the event is settled, gone or held by a live claim.
 UPDATE txhook_processed_events
 SET status = 'in_progress',
-    attempts = CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END,
+    attempts = greatest(CASE WHEN status = 'queued' THEN attempts ELSE attempts + 1 END, @attempt::integer),
     claimed_at = clock_timestamp(),
     lease_expires_at = clock_timestamp() + sqlc.arg(lease_ms)::bigint * interval '1 millisecond'
 WHERE source = @source AND event_key = @event_key
@@ -58,3 +65,22 @@ SELECT count(*) AS queued, min(created_at)::timestamptz AS oldest,
        coalesce(extract(epoch FROM now() - min(created_at)) * 1000, 0)::bigint AS oldest_age_ms
 FROM txhook_processed_events
 WHERE status = 'queued';
+
+-- name: FailStuckEvents :many
+-- Records inbox mode's stuck events (see txhook_stuck_events: queued, or in progress with their
+-- lease ended, whose queue job is gone, completed, discarded or cancelled) as failed: dead letters,
+-- replayable (the payload stays), the reason in last_error, with the job's last error or else the
+-- event's own. Either those of the given sources (NULL: any) or the one event source/event_key
+-- names. The row must still name the job found ended, and still be queued or its lease ended,
+-- once locked.
+UPDATE txhook_processed_events AS e
+SET status = 'failed', completed_at = now(), lease_expires_at = NULL,
+    last_error = CASE WHEN s.job_state = 'gone'
+                      THEN 'txhook: its queue job ' || s.job_id || ' was deleted before it applied the event'
+                      ELSE 'txhook: its queue job ' || s.job_id || ' is ' || s.job_state || ' and never applied the event'
+                 END || coalesce('; last error: ' || coalesce(s.job_error, e.last_error), '')
+FROM txhook_stuck_events(sqlc.narg(river_schema)::text, sqlc.narg(source)::text, sqlc.narg(event_key)::text) AS s
+WHERE e.source = s.source AND e.event_key = s.event_key AND e.job_id = s.job_id
+  AND (e.status = 'queued' OR (e.status = 'in_progress' AND e.lease_expires_at <= now()))
+  AND (sqlc.narg(sources)::text[] IS NULL OR e.source = ANY (sqlc.narg(sources)::text[]))
+RETURNING e.source, e.event_key, e.event_type, e.job_id, e.last_error;

@@ -44,6 +44,7 @@ SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        coalesce(octet_length(payload), 0)::integer AS payload_size, job_id
 FROM txhook_processed_events
 WHERE (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
+  AND (sqlc.narg(event_key)::text IS NULL OR event_key = sqlc.narg(event_key)::text)
   AND (sqlc.narg(status)::text IS NULL OR status = sqlc.narg(status)::text)
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
   AND (sqlc.narg(since)::timestamptz IS NULL OR created_at >= sqlc.narg(since)::timestamptz)
@@ -98,3 +99,19 @@ WHERE source = @source AND event_key = @event_key AND status = 'failed';
 UPDATE txhook_processed_events
 SET last_error = @last_error, completed_at = now(), attempts = attempts + 1
 WHERE source = @source AND event_key = @event_key AND status = 'failed';
+
+-- name: ListStuckEvents :many
+-- Stuck events (see txhook_stuck_events) newest first, optionally filtered, as ListEvents returns
+-- them.
+SELECT e.source, e.event_key, e.event_type, e.status, e.attempts, e.created_at, e.claimed_at,
+       e.lease_expires_at, e.completed_at, e.last_error,
+       (e.payload IS NOT NULL)::boolean AS has_payload,
+       coalesce(octet_length(e.payload), 0)::integer AS payload_size, e.job_id
+FROM txhook_processed_events AS e
+JOIN txhook_stuck_events(NULL, sqlc.narg(source)::text, sqlc.narg(event_key)::text) AS s
+  ON s.source = e.source AND s.event_key = e.event_key
+WHERE (sqlc.narg(status)::text IS NULL OR e.status = sqlc.narg(status)::text)
+  AND (sqlc.narg(event_type)::text IS NULL OR e.event_type = sqlc.narg(event_type)::text)
+  AND (sqlc.narg(since)::timestamptz IS NULL OR e.created_at >= sqlc.narg(since)::timestamptz)
+ORDER BY e.created_at DESC, e.source, e.event_key
+LIMIT @max_rows::integer;

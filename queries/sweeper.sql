@@ -57,9 +57,9 @@ WHERE source = @source AND guid = @guid;
 -- name: SaveSweeperRun :exec
 INSERT INTO txhook_sweeper_runs AS s
     (source, hook, started_at, finished_at, cursor_delivery_id, deliveries, failed, settled,
-     redelivered, total_redelivered, last_error)
+     redelivered, total_redelivered, last_error, cut_short)
 VALUES (@source, @hook, @started_at, now(), @cursor_delivery_id, @deliveries, @failed, @settled,
-        @redelivered::integer, @redelivered::integer, sqlc.narg(last_error))
+        @redelivered::integer, @redelivered::integer, sqlc.narg(last_error), sqlc.narg(cut_short))
 ON CONFLICT (source, hook) DO UPDATE
     SET started_at = excluded.started_at,
         finished_at = excluded.finished_at,
@@ -69,7 +69,8 @@ ON CONFLICT (source, hook) DO UPDATE
         settled = excluded.settled,
         redelivered = excluded.redelivered,
         total_redelivered = s.total_redelivered + excluded.redelivered,
-        last_error = excluded.last_error;
+        last_error = excluded.last_error,
+        cut_short = excluded.cut_short;
 
 -- name: GetSweeperCursor :one
 -- The hook's cursor, and the database clock's time, which starts a run (its end is stamped by the

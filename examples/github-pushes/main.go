@@ -168,7 +168,9 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		return err
 	}
 	if ib != nil {
-		if err := ib.Start(ctx); err != nil {
+		// Not ended by the signal (that would cancel the running jobs at
+		// once): Stop below drains them.
+		if err := ib.Start(context.WithoutCancel(ctx)); err != nil {
 			return err
 		}
 		defer func() {

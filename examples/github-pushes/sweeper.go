@@ -132,8 +132,7 @@ func (sweepArgs) InsertOpts() river.InsertOpts {
 // sweepWorker runs the sweeper once per job.
 type sweepWorker struct {
 	river.WorkerDefaults[sweepArgs]
-	sw      *ghsweep.Sweeper
-	timeout time.Duration
+	sw *ghsweep.Sweeper
 }
 
 // Work runs one sweep; the sweeper logs its result.
@@ -142,9 +141,10 @@ func (w *sweepWorker) Work(ctx context.Context, _ *river.Job[sweepArgs]) error {
 	return err
 }
 
-// Timeout bounds a sweep by the longer of the interval and a minute, not
-// by the inbox's job timeout: a sweep pauses between redelivery requests.
-func (w *sweepWorker) Timeout(*river.Job[sweepArgs]) time.Duration { return w.timeout }
+// Timeout leaves a sweep's bound to the sweeper's own RunTimeout (which
+// records a sweep it cuts short as such), not to the inbox's job timeout:
+// a sweep pauses between redelivery requests.
+func (w *sweepWorker) Timeout(*river.Job[sweepArgs]) time.Duration { return -1 }
 
 // addSweepJob registers sw on rc, the inbox's River configuration, as a
 // periodic job run every interval and once when the client starts (or
@@ -156,8 +156,7 @@ func addSweepJob(rc *river.Config, sw *ghsweep.Sweeper, interval time.Duration) 
 	if rc.Workers == nil {
 		rc.Workers = river.NewWorkers()
 	}
-	w := &sweepWorker{sw: sw, timeout: max(interval, time.Minute)}
-	if err := river.AddWorkerSafely(rc.Workers, w); err != nil {
+	if err := river.AddWorkerSafely(rc.Workers, &sweepWorker{sw: sw}); err != nil {
 		return fmt.Errorf("add sweeper worker: %w", err)
 	}
 	if rc.Queues == nil {

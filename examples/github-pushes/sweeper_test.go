@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -163,5 +168,76 @@ func TestLoadSweeperConfig(t *testing.T) {
 	})
 	if len(problems) > 0 || !c.on() || c.APIURL != "https://api.github.com" || c.Interval != 5*time.Minute || c.Backoff != time.Minute || c.Owner != "octo" || c.Repo != "hello" {
 		t.Fatalf("config %+v %q", c, problems)
+	}
+}
+
+// TestSweeperDocsShowTheCode: docs/github-sweeper.md shows the River
+// periodic job as this example compiles it, word for word: the declarations
+// of sweeper.go that make it, and the body of
+// Example_sweepAsRiverPeriodicJob, which uses them.
+func TestSweeperDocsShowTheCode(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/github-sweeper.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want [][]byte
+	for file, names := range map[string][]string{
+		"sweeper.go":              {"sweepQueue", "sweepArgs", "sweepWorker", "addSweepJob"},
+		"sweeper_example_test.go": {"Example_sweepAsRiverPeriodicJob"},
+	} {
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, file, src, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := func(from, to token.Pos) []byte { return src[fset.Position(from).Offset:fset.Position(to).Offset] }
+		found := 0
+		for _, d := range f.Decls {
+			name, from := "", d.Pos()
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				name = d.Name.Name
+				if d.Recv != nil {
+					name = strings.TrimPrefix(string(text(d.Recv.List[0].Type.Pos(), d.Recv.List[0].Type.End())), "*")
+				}
+				if d.Doc != nil {
+					from = d.Doc.Pos()
+				}
+				if name == "Example_sweepAsRiverPeriodicJob" {
+					// The body, one tab less indented.
+					body := bytes.TrimSpace(text(d.Body.Lbrace+1, d.Body.Rbrace))
+					want = append(want, bytes.ReplaceAll(body, []byte("\n\t"), []byte("\n")))
+					found++
+					continue
+				}
+			case *ast.GenDecl:
+				switch sp := d.Specs[0].(type) {
+				case *ast.TypeSpec:
+					name = sp.Name.Name
+				case *ast.ValueSpec:
+					name = sp.Names[0].Name
+				}
+				if d.Doc != nil {
+					from = d.Doc.Pos()
+				}
+			}
+			if slices.Contains(names, name) {
+				want = append(want, text(from, d.End()))
+				found++
+			}
+		}
+		if found < len(names) {
+			t.Fatalf("%s: found %d of the declarations %q", file, found, names)
+		}
+	}
+	for _, w := range want {
+		if !bytes.Contains(doc, w) {
+			t.Errorf("docs/github-sweeper.md does not show, word for word:\n%s", w)
+		}
 	}
 }

@@ -87,6 +87,9 @@ type Server struct {
 	period     time.Duration
 	secondary  int // next requests answered 429
 	retryAfter int
+	redirects  int    // next requests answered with a redirect
+	redirCode  int    // its status
+	redirTo    string // its target, followed by the request's path and query
 	requests   int
 	auths      []string // Authorization headers seen
 	wg         sync.WaitGroup
@@ -243,12 +246,28 @@ func (s *Server) SecondaryLimit(n, retryAfter int) {
 	s.secondary, s.retryAfter = n, retryAfter
 }
 
+// Redirect answers the next n requests with code (301, 302, 307, 308) and a
+// Location of to followed by the request's path and query, as GitHub
+// answers a request for a renamed repository; to may be another server.
+func (s *Server) Redirect(n, code int, to string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.redirects, s.redirCode, s.redirTo = n, code, strings.TrimSuffix(to, "/")
+}
+
 // ServeHTTP serves GET /{hook}/deliveries and POST
 // /{hook}/deliveries/{id}/attempts.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests++
 	s.auths = append(s.auths, r.Header.Get("Authorization"))
+	if s.redirects > 0 {
+		s.redirects--
+		to, code := s.redirTo+r.URL.RequestURI(), s.redirCode
+		s.mu.Unlock()
+		http.Redirect(w, r, to, code)
+		return
+	}
 	if s.secondary > 0 {
 		s.secondary--
 		w.Header().Set("Retry-After", strconv.Itoa(s.retryAfter))

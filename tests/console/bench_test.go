@@ -73,3 +73,36 @@ func BenchmarkPagesMillionRows(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLargePayload serves the event page and the download of a payload
+// of 25 MiB (GitHub's limit) and reports, per view, the time, the bytes the
+// process allocated and the size of the answer:
+//
+//	TEST_DATABASE_URL=postgres://... go test -run '^$' -bench LargePayload ./console
+func BenchmarkLargePayload(b *testing.B) {
+	d := testdb.New(b)
+	storeLargePayload(b, d.Pool)
+	srv := httptest.NewServer(http.StripPrefix("/txhook", admin.New(d.Pool, nil)))
+	b.Cleanup(srv.Close)
+	for _, p := range []struct{ name, path string }{
+		{"event-page", "/txhook/event?source=github&key=big-1"},
+		{"download", "/txhook/payload?source=github&key=big-1"},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var size int64
+			for b.Loop() {
+				resp, err := http.Get(srv.URL + p.path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				size, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK {
+					b.Fatalf("%s: %d, %v", p.path, resp.StatusCode, err)
+				}
+			}
+			b.ReportMetric(float64(size), "answer-bytes")
+		})
+	}
+}

@@ -329,6 +329,9 @@ func TestPages(t *testing.T) {
 	if got := text(t, ctx, "#last-error"); got != "permanent: customer cus_123 not found" {
 		t.Errorf("event: last error %q", got)
 	}
+	if got := text(t, ctx, "#payload-note"); got != "76 bytes, JSON Download" || count(t, ctx, `a#download[href="payload?key=evt_dead_1&source=stripe"][download]`) != 1 {
+		t.Errorf("event: payload note %q, or no download link", got)
+	}
 	screenshot(t, ctx, "console-event")
 
 	// Lease mode: the lease and the fencing token.
@@ -482,11 +485,18 @@ func TestDiscard(t *testing.T) {
 	}
 }
 
-// client is a cookie-keeping HTTP client with the CSRF token of a page.
+// formToken returns a cookie-keeping HTTP client with the CSRF token of a
+// page.
 func formToken(t *testing.T, url string) (*http.Client, string) {
 	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	cl := &http.Client{Jar: jar}
+	return cl, pageToken(t, cl, url)
+}
+
+// pageToken returns the CSRF token of the page at url, fetched with cl.
+func pageToken(t *testing.T, cl *http.Client, url string) string {
+	t.Helper()
 	resp, err := cl.Get(url)
 	if err != nil {
 		t.Fatal(err)
@@ -497,7 +507,7 @@ func formToken(t *testing.T, url string) (*http.Client, string) {
 	if m == nil {
 		t.Fatalf("no CSRF token on %s", url)
 	}
-	return cl, string(m[1])
+	return string(m[1])
 }
 
 func post(t *testing.T, cl *http.Client, u string, form url.Values) (int, string) {

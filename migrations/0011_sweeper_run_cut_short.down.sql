@@ -1,0 +1,1 @@
+ALTER TABLE txhook_sweeper_runs DROP COLUMN IF EXISTS cut_short;
