@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // OutcomeIgnored: no route is registered for the event's source and type
@@ -39,14 +41,15 @@ type DeliverOptions struct {
 
 // Queue holds the events of inbox routes until their jobs apply them.
 // Package inbox implements it on River and gives itself to the Processor
-// (UseQueue); the job applies the event with Processor.ApplyQueued.
+// (UseQueue); the job applies the event with Processor.ApplyQueued, in the
+// mode of the event's route.
 type Queue interface {
 	// Enqueue inserts, in tx, the job that will apply ev, and returns its
-	// id. tx is the transaction that records ev as queued; Enqueue runs
-	// before ev's key is known to be new, so it must write only through
-	// tx: a duplicate rolls its job back. lease selects the job of a
-	// lease-mode route.
-	Enqueue(ctx context.Context, tx pgx.Tx, ev Event, lease bool) (jobID int64, err error)
+	// id, which is recorded with the event. tx is the transaction that
+	// records ev as queued; Enqueue runs before ev's key is known to be
+	// new, so it must write only through tx (River's InsertTx does): a
+	// duplicate rolls its job back.
+	Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (jobID int64, err error)
 }
 
 // errNoQueue is Deliver's error for an inbox route on a Processor that has
@@ -111,10 +114,7 @@ func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 		if qp == nil {
 			return Result{}, fmt.Errorf("deliver %s event %q: %w", ev.Source, ev.Type, errNoQueue)
 		}
-		q, lease := *qp, r.isLease()
-		return p.Accept(ctx, ev, g, func(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
-			return q.Enqueue(ctx, tx, ev, lease)
-		})
+		return p.accept(ctx, engine.Begin(p.db), ev, g, *qp)
 	case r.isLease():
 		h := r.lease
 		if g != nil {

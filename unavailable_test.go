@@ -268,20 +268,29 @@ func TestCommitBatchLostIsUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	p, err := txhook.NewProcessor(pool, nil)
+	rs := txhook.NewRoutes()
+	rs.Inbox("github", "push", insertEffect)
+	p, err := txhook.NewProcessor(pool, &txhook.Config{Routes: rs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	enqueue := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
-		var id int64
-		err := tx.QueryRow(ctx, "SELECT 42::bigint").Scan(&id)
-		return id, err
+	if err := p.UseQueue(fixedJob{}); err != nil {
+		t.Fatal(err)
 	}
-	_, err = p.Accept(t.Context(), txhook.Event{Source: "github", Key: "lost-1", Type: "push", Payload: []byte(`{}`)}, nil, enqueue)
+	_, err = p.Deliver(t.Context(), txhook.Event{Source: "github", Key: "lost-1", Type: "push", Payload: []byte(`{}`)}, nil)
 	if !errors.Is(err, txhook.ErrCommitUnknown) || errors.Is(err, txhook.ErrUnavailable) {
 		t.Fatalf("Accept = %v, want a commit of unknown outcome (not unavailable)", err)
 	}
 	if !committed() {
 		t.Fatal("the proxy cut the connection before the server committed: the test proves nothing")
 	}
+}
+
+// fixedJob is a queue whose every job is number 42, inserted nowhere.
+type fixedJob struct{}
+
+func (fixedJob) Enqueue(ctx context.Context, tx pgx.Tx, _ txhook.Event) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, "SELECT 42::bigint").Scan(&id)
+	return id, err
 }
