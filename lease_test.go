@@ -426,66 +426,6 @@ func TestLeaseExpiryTakeoverAndStaleWorkerFenced(t *testing.T) {
 	b.api.wantCalls(t, txhook.IdempotencyKey("test", ev.Key, "charge"), 2)
 }
 
-// TestLeaseStaleWorkerCannotEndNewClaim: a stale worker's error (plain or
-// permanent) neither releases nor fails the new owner's claim.
-func TestLeaseStaleWorkerCannotEndNewClaim(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		err  error
-	}{
-		{"error", errors.New("upstream timeout")},
-		{"permanent", txhook.Permanent(errors.New("unknown account"))},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := leaseSetup(t)
-			ev := leaseEvent("evt_stale_" + tc.name)
-			failing := func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, tc.err }
-			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: failing}, false)
-			stale.claim(t)
-
-			var owner *blocked
-			until(t, "takeover", func() bool {
-				owner = b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 20 * time.Second, Work: b.chargeAndRecord("owner")}, false)
-				select {
-				case <-owner.started:
-					return true
-				case <-owner.done:
-					if owner.err != nil || owner.res.Outcome != txhook.OutcomeInFlight {
-						t.Fatalf("takeover delivery = %v, %v", owner.res, owner.err)
-					}
-					return false
-				case <-time.After(30 * time.Second):
-					t.Fatal("takeover delivery neither started nor ended")
-					return false
-				}
-			})
-
-			stale.finish(t)
-			if !errors.Is(stale.err, txhook.ErrLeaseLost) || !errors.Is(stale.err, tc.err) {
-				t.Errorf("stale worker = %v, %v; want its error and ErrLeaseLost", stale.res, stale.err)
-			}
-			r := b.row(t, ev.Key)
-			if r.Status != "in_progress" || r.Attempts != 2 || r.LastError.Valid {
-				t.Errorf("row = %+v, want the new claim untouched", r)
-			}
-			res := b.mustLease(t, ev, txhook.LeaseHandler{Work: failing}, txhook.OutcomeInFlight)
-			if res.RetryAfter < 10*time.Second {
-				t.Errorf("RetryAfter = %v, want the new owner's lease (~20s)", res.RetryAfter)
-			}
-
-			owner.finish(t)
-			if owner.err != nil || owner.res.Outcome != txhook.OutcomeProcessed {
-				t.Errorf("owner = %v, %v; want processed", owner.res, owner.err)
-			}
-			if got := b.effects(t, ev.Key); len(got) != 1 {
-				t.Errorf("effects = %v, want one", got)
-			}
-		})
-	}
-}
-
 // TestLeaseRenewalKeepsLongHandlersClaim: a handler that runs for several
 // leases keeps its claim through renewals; every other delivery meanwhile is
 // in flight.
