@@ -76,6 +76,32 @@ func TestRecentKeysInFlightIsNotRemembered(t *testing.T) {
 	}
 }
 
+// TestRecentKeysNotTaughtByProcessTx: ProcessTx commits nothing itself, so
+// what it processed teaches the memory nothing: after the caller rolls its
+// transaction back, the next Process of the key reaches the database and
+// runs its handler, instead of being answered duplicate from memory.
+func TestRecentKeysNotTaughtByProcessTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, nil)
+	ctx := t.Context()
+	ev := event("evt_tx_rolled_back")
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.ProcessTx(ctx, tx, ev, insertEffect); err != nil || res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("ProcessTx = %v, %v; want processed", res.Outcome, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1: the event applied once, after the caller's rollback", n)
+	}
+}
+
 // TestRecentKeysLimits: the memory forgets its oldest key past
 // Config.RecentKeys and every key after Config.RecentKeysTTL, and a
 // negative RecentKeys turns it off.
