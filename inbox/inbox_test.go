@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -219,22 +218,33 @@ func (s setup) endpoint(t *testing.T, r handler.Route) *httptest.Server {
 // deliver posts a signed push with delivery id key and returns the status.
 func deliver(t *testing.T, srv *httptest.Server, key string) int {
 	t.Helper()
-	body := []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key))
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+	code, _ := deliverBody(t, srv, key, fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key))
+	return code
+}
+
+// deliverBody posts body, signed, as a push with delivery id key, and
+// returns the answer's status and body.
+func deliverBody(t *testing.T, srv *httptest.Server, key, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("X-GitHub-Event", "push")
 	req.Header.Set("X-GitHub-Delivery", key)
-	if err := (&handler.GitHub{Secrets: []string{secret}}).Sign(req.Header, body, time.Now()); err != nil {
+	if err := (&handler.GitHub{Secrets: []string{secret}}).Sign(req.Header, []byte(body), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(answer)
 }
 
 func TestAcceptThenApply(t *testing.T) {
