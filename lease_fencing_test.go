@@ -51,7 +51,7 @@ func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 						t.Fatalf("takeover delivery = %v, %v; want in flight or a claim", owner.res, owner.err)
 					}
 					return false
-				case <-time.After(30 * time.Second):
+				case <-time.After(waitBound):
 					t.Fatal("takeover delivery neither claimed nor ended")
 					return false
 				}
@@ -213,8 +213,8 @@ func TestLeaseRenewalFencedAfterRowReplaced(t *testing.T) {
 
 	select {
 	case <-old.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("old worker's context did not end after its row was replaced")
+	case <-time.After(renewalNotice):
+		t.Fatalf("old worker's context did not end within %v of its row being replaced: its renewal (every 1s) did not notice (the lease's end, at 10s, would stop it)", renewalNotice)
 	}
 	if !errors.Is(old.cause, txhook.ErrLeaseLost) || !errors.Is(old.err, txhook.ErrLeaseLost) {
 		t.Errorf("old worker = %v, %v, context cause %v; want ErrLeaseLost", old.res, old.err, old.cause)
