@@ -103,8 +103,8 @@ func TestRecentKeysNotTaughtByProcessTx(t *testing.T) {
 }
 
 // TestRecentKeysLimits: the memory forgets its oldest key past
-// Config.RecentKeys and every key after Config.RecentKeysTTL, and a
-// negative RecentKeys turns it off.
+// Config.RecentKeys, every key after Config.RecentKeysTTL and every key
+// when told to (ForgetRecentKeys), and a negative RecentKeys turns it off.
 func TestRecentKeysLimits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -139,6 +139,13 @@ func TestRecentKeysLimits(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if !sent(short, "evt_ttl") {
 		t.Error("a key was remembered past RecentKeysTTL")
+	}
+
+	forgetful := newProc(txhook.Config{})
+	mustProcess(t, forgetful, event("evt_forgotten"), insertEffect, txhook.OutcomeProcessed)
+	forgetful.ForgetRecentKeys()
+	if !sent(forgetful, "evt_forgotten") {
+		t.Error("a key was answered from memory after ForgetRecentKeys")
 	}
 
 	off := newProc(txhook.Config{RecentKeys: -1})
