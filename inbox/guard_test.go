@@ -33,7 +33,7 @@ func TestReplayGuardOnInboxRoutes(t *testing.T) {
 				route = s.ib.Lease("github", "push", lease)
 			}
 			srv := s.endpoint(t, route)
-			const body = `{"ref":"refs/heads/main","after":"c0ffee"}`
+			body := []byte(`{"ref":"refs/heads/main","after":"c0ffee"}`)
 			if code, answer := deliverBody(t, srv, "d-1", body); code != http.StatusAccepted {
 				t.Fatalf("first delivery: %d %s, want 202", code, answer)
 			}

@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -218,21 +219,21 @@ func (s setup) endpoint(t *testing.T, r handler.Route) *httptest.Server {
 // deliver posts a signed push with delivery id key and returns the status.
 func deliver(t *testing.T, srv *httptest.Server, key string) int {
 	t.Helper()
-	code, _ := deliverBody(t, srv, key, fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key))
+	code, _ := deliverBody(t, srv, key, []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key)))
 	return code
 }
 
 // deliverBody posts body, signed, as a push with delivery id key, and
 // returns the answer's status and body.
-func deliverBody(t *testing.T, srv *httptest.Server, key, body string) (int, string) {
+func deliverBody(t *testing.T, srv *httptest.Server, key string, body []byte) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("X-GitHub-Event", "push")
 	req.Header.Set("X-GitHub-Delivery", key)
-	if err := (&handler.GitHub{Secrets: []string{secret}}).Sign(req.Header, []byte(body), time.Now()); err != nil {
+	if err := (&handler.GitHub{Secrets: []string{secret}}).Sign(req.Header, body, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.DefaultClient.Do(req)
