@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/pgtrace"
 )
 
@@ -147,6 +148,36 @@ func TestReadDuringStormDecidesOnlyDuplicates(t *testing.T) {
 	mustProcess(t, p, fresh, insertEffect, txhook.OutcomeProcessed)
 	if n := b.effects(t, fresh.Key) + b.effects(t, held.Key) + b.effects(t, seed.Key); n != 3 {
 		t.Errorf("effects = %d, want 3", n)
+	}
+}
+
+// TestStormReadDoesNotRememberFailedKeys: with the memory on, a dead
+// letter's redeliveries in a storm are answered duplicate by the read, and
+// the read does not teach the memory the failed key: once an operator
+// discards the dead letter, the sender's next redelivery reaches the
+// database and is processed.
+func TestStormReadDoesNotRememberFailedKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p, tr := tracedProcessor(t, b, nil)
+	ev := event("evt_dead_in_storm")
+	mustProcess(t, p, ev, func(context.Context, pgx.Tx, txhook.Event) error {
+		return txhook.Permanent(errors.New("cannot apply yet"))
+	}, txhook.OutcomeFailed)
+	storm(t, p, ev) // the memory holds no failed key: each is the database's duplicate
+	tr.Take()
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
+	if got, want := tr.Take(), [][]string{{"EventStatus"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("dead letter in a storm: round trips %q, want %q (the read)", got, want)
+	}
+
+	n, err := db.New(b.pool).AdminDiscardFailed(t.Context(), db.AdminDiscardFailedParams{Source: ev.Source, EventKey: ev.Key})
+	if err != nil || n != 1 {
+		t.Fatalf("discard = %d, %v; want 1 row", n, err)
+	}
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
 	}
 }
 

@@ -144,6 +144,25 @@ func (r *recentKeys) done(ev Event) bool {
 	return ok && time.Since(t) < r.ttl
 }
 
+// ForgetRecentKeys empties p's memory of done keys (Config.RecentKeys): the
+// next delivery of every key reaches the database. Call it after deleting
+// event rows by hand to have their events processed again, which p would
+// otherwise answer as duplicates until RecentKeysTTL has passed; the
+// duplicate check of package txhooktest calls it before each delivery.
+func (p *Processor) ForgetRecentKeys() { p.filter.memory.forget() }
+
+// forget empties the memory.
+func (r *recentKeys) forget() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.at)
+	clear(r.ring)
+	r.next = 0
+}
+
 // remember records that ev's key is done, as of now.
 func (r *recentKeys) remember(ev Event) {
 	if r == nil {

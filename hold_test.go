@@ -17,7 +17,7 @@ import (
 // a held delivery to start or to finish. Nothing a test waits for takes
 // near as long, so a wait that outlasts it (a lock wait left unbounded, a
 // delivery never released) fails the test instead of hanging the package.
-const waitBound = 15 * time.Second
+const waitBound = 5 * time.Second
 
 // boundedCtx is t's context with waitBound as its deadline.
 func boundedCtx(t *testing.T) context.Context {

@@ -13,16 +13,16 @@ import (
 )
 
 // TestLeaseStaleWorkerFencedDuringTakeover: a worker whose lease ran out
-// ignores its cancelled context and reaches phase two while the delivery
-// that took the event over is still running its own phase one. Only the
-// fencing token tells the two claims apart then (the row is in progress for
-// both), and every write the stale worker's phase two makes must be
-// rejected: the done mark, its business writes, and the release or failure
-// record that follows a phase-two error. The newer claim stays untouched
-// and completes.
+// ignores its cancelled context and ends its work while the delivery that
+// took the event over is still running its own phase one. Only the fencing
+// token tells the two claims apart then (the row is in progress for both),
+// and every write the stale worker makes must be rejected: the release or
+// failure record that follows an error of its phase one, and in phase two
+// the done mark, its business writes, and the release or failure record
+// that follows an error. The newer claim stays untouched and completes.
 func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 	t.Parallel()
-	for _, tc := range stalePhaseTwos() {
+	for _, tc := range staleEndings() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
@@ -31,12 +31,7 @@ func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 			// The stale worker: a short lease, no renewal, and work that
 			// carries on after its context ends (a call already on the wire,
 			// a long pause).
-			staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
-				if err := b.api.charge(context.WithoutCancel(ctx), c.IdempotencyKey("charge")); err != nil {
-					return nil, err
-				}
-				return tc.commit(ev.Key), nil
-			}
+			staleWork := tc.work(b)
 			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: staleWork}, false)
 			if c := stale.claim(t); c.Token != 1 {
 				t.Fatalf("stale worker's token = %d, want 1", c.Token)
@@ -56,7 +51,7 @@ func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 						t.Fatalf("takeover delivery = %v, %v; want in flight or a claim", owner.res, owner.err)
 					}
 					return false
-				case <-time.After(30 * time.Second):
+				case <-time.After(waitBound):
 					t.Fatal("takeover delivery neither claimed nor ended")
 					return false
 				}
@@ -69,9 +64,7 @@ func TestLeaseStaleWorkerFencedDuringTakeover(t *testing.T) {
 			// The stale worker wakes up and runs phase two to the end while
 			// the new owner holds the event.
 			stale.finish(t)
-			if !errors.Is(stale.err, txhook.ErrLeaseLost) {
-				t.Errorf("stale worker = %v, %v; want an error matching ErrLeaseLost", stale.res, stale.err)
-			}
+			tc.wantLost(t, stale)
 			if got := b.effects(t, ev.Key); len(got) != 0 {
 				t.Errorf("effects = %v after the stale worker's phase two, want none", got)
 			}
@@ -120,23 +113,20 @@ func wantSameClaim(t *testing.T, got, want db.TxhookProcessedEvent) {
 // the row is deleted. A worker claims an event (token 1) and stalls past its
 // lease; another takes it over (token 2) and fails for good; an operator
 // discards the dead letter (the console's delete); a new delivery claims the
-// key afresh, with token 1 again. The stale worker's phase two, its release
-// and its failure record must all miss the new claim, although the token
-// matches: nothing of it commits, and the new claim completes.
+// key afresh, with token 1 again. Whatever the stale worker does then (an
+// error or a permanent one in phase one, or phase two to its end), its
+// phase two, its release and its failure record must all miss the new
+// claim, although the token matches: nothing of it commits, and the new
+// claim completes.
 func TestLeaseStaleWorkerFencedAfterDiscard(t *testing.T) {
 	t.Parallel()
-	for _, tc := range stalePhaseTwos() {
+	for _, tc := range staleEndings() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := leaseSetup(t)
 			ev := leaseEvent("evt_discarded")
 
-			staleWork := func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
-				if err := b.api.charge(context.WithoutCancel(ctx), c.IdempotencyKey("charge")); err != nil {
-					return nil, err
-				}
-				return tc.commit(ev.Key), nil
-			}
+			staleWork := tc.work(b)
 			stale := b.startBlocked(t, ev, txhook.LeaseHandler{Lease: 200 * time.Millisecond, RenewEvery: -1, Work: staleWork}, false)
 			if c := stale.claim(t); c.Token != 1 {
 				t.Fatalf("stale worker's token = %d, want 1", c.Token)
@@ -180,9 +170,7 @@ func TestLeaseStaleWorkerFencedAfterDiscard(t *testing.T) {
 			claimed := b.row(t, ev.Key)
 
 			stale.finish(t)
-			if !errors.Is(stale.err, txhook.ErrLeaseLost) {
-				t.Errorf("stale worker = %v, %v; want an error matching ErrLeaseLost", stale.res, stale.err)
-			}
+			tc.wantLost(t, stale)
 			if got := b.effects(t, ev.Key); len(got) != 0 {
 				t.Errorf("effects = %v after the stale worker's phase two, want none", got)
 			}
@@ -225,8 +213,8 @@ func TestLeaseRenewalFencedAfterRowReplaced(t *testing.T) {
 
 	select {
 	case <-old.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("old worker's context did not end after its row was replaced")
+	case <-time.After(renewalNotice):
+		t.Fatalf("old worker's context did not end within %v of its row being replaced: its renewal (every 1s) did not notice (the lease's end, at 10s, would stop it)", renewalNotice)
 	}
 	if !errors.Is(old.cause, txhook.ErrLeaseLost) || !errors.Is(old.err, txhook.ErrLeaseLost) {
 		t.Errorf("old worker = %v, %v, context cause %v; want ErrLeaseLost", old.res, old.err, old.cause)
@@ -242,18 +230,47 @@ func TestLeaseRenewalFencedAfterRowReplaced(t *testing.T) {
 	}
 }
 
-// stalePhaseTwo is a phase two a stale worker may reach: every write of it
-// must miss a newer claim.
-type stalePhaseTwo struct {
-	name   string
+// staleEnding is how a stale worker's claim may end: every write it makes
+// then must miss a newer claim.
+type staleEnding struct {
+	name string
+	// fail, when set, is the error of the stale worker's phase one (after
+	// its external call); otherwise phase one returns commit's phase two.
+	fail   error
 	commit func(key string) txhook.TxFunc
 }
 
-// stalePhaseTwos are the phase twos of the fencing tests: the done mark
-// alone, business writes, and business writes followed by an error (the
-// release) or a permanent one (the failure record).
-func stalePhaseTwos() []stalePhaseTwo {
+// work returns the stale worker's phase one: an external call made even
+// though its context has ended (a call already on the wire, a long pause),
+// then the ending.
+func (e staleEnding) work(b *leaseBundle) txhook.LeaseFunc {
+	return func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+		if err := b.api.charge(context.WithoutCancel(ctx), c.IdempotencyKey("charge")); err != nil {
+			return nil, err
+		}
+		if e.fail != nil {
+			return nil, e.fail
+		}
+		return e.commit(ev.Key), nil
+	}
+}
+
+// wantLost fails t unless the stale worker was told its claim was lost (and
+// given its own error back, when its phase one failed).
+func (e staleEnding) wantLost(t *testing.T, stale *blocked) {
+	t.Helper()
+	if !errors.Is(stale.err, txhook.ErrLeaseLost) || (e.fail != nil && !errors.Is(stale.err, e.fail)) {
+		t.Errorf("stale worker = %v, %v; want an error matching ErrLeaseLost (and its own error)", stale.res, stale.err)
+	}
+}
+
+// staleEndings are the endings of the fencing tests: phase one failing
+// (the release) or failing for good (the failure record); and phase two:
+// the done mark alone, business writes, and business writes followed by an
+// error (the release) or a permanent one (the failure record).
+func staleEndings() []staleEnding {
 	errCommit := errors.New("ledger rejected the entry")
+	errWork := errors.New("upstream timeout")
 	fails := func(cause error) func(key string) txhook.TxFunc {
 		return func(key string) txhook.TxFunc {
 			return func(ctx context.Context, tx pgx.Tx) error {
@@ -264,10 +281,12 @@ func stalePhaseTwos() []stalePhaseTwo {
 			}
 		}
 	}
-	return []stalePhaseTwo{
-		{"done mark only", func(string) txhook.TxFunc { return nil }},
-		{"business writes", func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
-		{"business writes then error", fails(errCommit)},
-		{"business writes then permanent error", fails(txhook.Permanent(errCommit))},
+	return []staleEnding{
+		{name: "phase one error", fail: errWork},
+		{name: "phase one permanent error", fail: txhook.Permanent(errWork)},
+		{name: "done mark only", commit: func(string) txhook.TxFunc { return nil }},
+		{name: "business writes", commit: func(key string) txhook.TxFunc { return recordEffect(key, "stale") }},
+		{name: "business writes then error", commit: fails(errCommit)},
+		{name: "business writes then permanent error", commit: fails(txhook.Permanent(errCommit))},
 	}
 }

@@ -134,8 +134,9 @@ type Config struct {
 	// RecentKeysTTL, so the memory answers as the database would; the
 	// exception is a row deleted by hand to have its event processed again,
 	// which a Processor that remembers the key sees only once RecentKeysTTL
-	// has passed. Keys recorded as failed are not remembered (an operator
-	// may replay them), and lease mode never asks the memory. Defaults to
+	// has passed, or once told to forget (Processor.ForgetRecentKeys).
+	// Keys recorded as failed are not remembered (an operator may replay
+	// them), and lease mode never asks the memory. Defaults to
 	// DefaultRecentKeys (10,000 keys, about 2 MB); a negative value turns
 	// the memory off.
 	RecentKeys int

@@ -76,9 +76,35 @@ func TestRecentKeysInFlightIsNotRemembered(t *testing.T) {
 	}
 }
 
+// TestRecentKeysNotTaughtByProcessTx: ProcessTx commits nothing itself, so
+// what it processed teaches the memory nothing: after the caller rolls its
+// transaction back, the next Process of the key reaches the database and
+// runs its handler, instead of being answered duplicate from memory.
+func TestRecentKeysNotTaughtByProcessTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, nil)
+	ctx := t.Context()
+	ev := event("evt_tx_rolled_back")
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.ProcessTx(ctx, tx, ev, insertEffect); err != nil || res.Outcome != txhook.OutcomeProcessed {
+		t.Fatalf("ProcessTx = %v, %v; want processed", res.Outcome, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustProcess(t, p, ev, insertEffect, txhook.OutcomeProcessed)
+	if n := b.effects(t, ev.Key); n != 1 {
+		t.Errorf("effects = %d, want 1: the event applied once, after the caller's rollback", n)
+	}
+}
+
 // TestRecentKeysLimits: the memory forgets its oldest key past
-// Config.RecentKeys and every key after Config.RecentKeysTTL, and a
-// negative RecentKeys turns it off.
+// Config.RecentKeys, every key after Config.RecentKeysTTL and every key
+// when told to (ForgetRecentKeys), and a negative RecentKeys turns it off.
 func TestRecentKeysLimits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -113,6 +139,13 @@ func TestRecentKeysLimits(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if !sent(short, "evt_ttl") {
 		t.Error("a key was remembered past RecentKeysTTL")
+	}
+
+	forgetful := newProc(txhook.Config{})
+	mustProcess(t, forgetful, event("evt_forgotten"), insertEffect, txhook.OutcomeProcessed)
+	forgetful.ForgetRecentKeys()
+	if !sent(forgetful, "evt_forgotten") {
+		t.Error("a key was answered from memory after ForgetRecentKeys")
 	}
 
 	off := newProc(txhook.Config{RecentKeys: -1})

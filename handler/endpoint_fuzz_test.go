@@ -96,6 +96,8 @@ func FuzzEndpoint(f *testing.F) {
 
 	f.Add(uint8(0), true, "POST", "", []byte(`{"id":"evt_1","type":"invoice.paid"}`), true)
 	f.Add(uint8(0), true, "POST", "", []byte(`{"id":"evt_1","type":"customer.created"}`), true)
+	f.Add(uint8(0), true, "POST", "", []byte("{\"id\":\"evt_\xff\",\"type\":\"invoice.paid\"}"), true)
+	f.Add(uint8(4), true, "POST", "", []byte(`{"id":"k\ud800","type":"route"}`), true)
 	f.Add(uint8(1), true, "POST", "X-GitHub-Delivery: d-1\nX-GitHub-Event: push", []byte(`{"ref":"x"}`), true)
 	f.Add(uint8(1), true, "POST", "X-GitHub-Delivery: d-1\nX-GitHub-Event: ping", []byte(`{"zen":"z"}`), true)
 	f.Add(uint8(1), false, "POST", "X-GitHub-Delivery: d-1\nX-GitHub-Event: push\nX-Hub-Signature-256: sha256=00", []byte(`{}`), true)

@@ -1,11 +1,14 @@
 package handler
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // The fuzz targets check every header parser and key/type extraction for
@@ -20,6 +23,17 @@ func verifyErr(t *testing.T, err error) {
 	t.Helper()
 	if err != nil && !errors.Is(err, ErrSignature) && !errors.Is(err, ErrTimestamp) && !errors.Is(err, ErrMalformed) {
 		t.Fatalf("error %v wraps no provider sentinel", err)
+	}
+}
+
+// wantSpelled fails t unless s, a key or type extracted from body, holds
+// U+FFFD only where body spells it (raw or escaped): one the decoding made
+// up stands for bytes that are not text, and would merge two keys.
+func wantSpelled(t *testing.T, what, s string, body []byte) {
+	t.Helper()
+	if strings.ContainsRune(s, utf8.RuneError) && !bytes.Contains(body, []byte("\uFFFD")) &&
+		!bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`)) {
+		t.Fatalf("%s %q holds a U+FFFD that the body %q does not spell: a lossy decoding", what, s, body)
 	}
 }
 
@@ -38,6 +52,10 @@ func checkSigs(t *testing.T, sigs [][]byte) {
 func FuzzStripeHeader(f *testing.F) {
 	f.Add("t=1750000000,v1=3e3e661992c26c45d9105cbea450acc1a34f8c6dbafbd891f858c6fd9054fe3e", []byte(`{"id":"evt_1","type":"a"}`))
 	f.Add("t=,v1=,v0=,=,,", []byte(``))
+	f.Add("t=1750000000", []byte("{\"id\":\"evt_\xff\",\"type\":\"a\"}"))
+	f.Add("t=1750000000", []byte(`{"id":"evt_\ud800","type":"a"}`))
+	f.Add("t=1750000000", []byte(`{"id":"evt_\ud83d\ude00","type":"a\udfff"}`))
+	f.Add("t=1750000000", []byte(`{"id":"evt_\ufffd\\ud800","type":"\uD83D\uDE00"}`))
 	p := &Stripe{Secrets: []string{"whsec_fuzz"}}
 	f.Fuzz(func(t *testing.T, header string, body []byte) {
 		tv, sigs, err := parseStripeHeader(header)
@@ -50,6 +68,9 @@ func FuzzStripeHeader(f *testing.F) {
 		verifyErr(t, p.Verify(h, body, fuzzNow))
 		if d, err := p.Extract(h, body); err == nil && d.Key == "" {
 			t.Fatal("extracted an empty key")
+		} else if err == nil {
+			wantSpelled(t, "key", d.Key, body)
+			wantSpelled(t, "type", d.Type, body)
 		} else {
 			verifyErr(t, err)
 		}
@@ -66,6 +87,8 @@ func FuzzStripeHeader(f *testing.F) {
 func FuzzStandardWebhooks(f *testing.F) {
 	f.Add("msg_p5jXN8AQM9LWM0D4loKWxJek", "1614265330", "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", []byte(`{"test": 2432232314}`))
 	f.Add("", "", "v1, v1,,  v2,abc v1,####", []byte(`{"type":7}`))
+	f.Add("msg_1", "1614265330", "v1,", []byte(`{"type":"a\udc00"}`))
+	f.Add("msg_1", "1614265330", "v1,", []byte("{\"type\":\"a\xfe\"}"))
 	p := &StandardWebhooks{Secrets: []string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}
 	f.Fuzz(func(t *testing.T, id, ts, sig string, body []byte) {
 		checkSigs(t, parseStandardSignatures(sig))
@@ -78,6 +101,9 @@ func FuzzStandardWebhooks(f *testing.F) {
 		verifyErr(t, err)
 		if err == nil && d.Key != h.Get(StandardIDHeader) {
 			t.Fatalf("key %q, header %q", d.Key, h.Get(StandardIDHeader))
+		}
+		if err == nil {
+			wantSpelled(t, "type", d.Type, body)
 		}
 	})
 }
@@ -126,6 +152,8 @@ func FuzzHMACExtract(f *testing.F) {
 	f.Add("sha256=00", `{"id":"e-1","event":"push"}`, "key-header")
 	f.Add("", `{"id":{"nested":1},"event":null}`, "")
 	f.Add("sha256=zz", `[1,2,3]`, "k")
+	f.Add("sha256=00", "{\"id\":\"e-\xfe\",\"event\":\"push\"}", "k")
+	f.Add("sha256=00", `{"id":"e-1","event":"push\ud800x"}`, "k")
 	byField := &HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", Prefix: "sha256=", KeyField: "id", TypeField: "event"}
 	byHeader := &HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", Encoding: Base64, KeyHeader: "X-Id", TypeField: "event"}
 	f.Fuzz(func(t *testing.T, sig, body, keyHeader string) {
@@ -138,6 +166,10 @@ func FuzzHMACExtract(f *testing.F) {
 			verifyErr(t, err)
 			if err == nil && d.Key == "" {
 				t.Fatal("extracted an empty key")
+			}
+			if err == nil && p.KeyField != "" {
+				wantSpelled(t, "key", d.Key, []byte(body))
+				wantSpelled(t, "type", d.Type, []byte(body))
 			}
 		}
 	})

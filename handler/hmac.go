@@ -45,6 +45,9 @@ type HMAC struct {
 	// KeyHeader and KeyField is required.
 	KeyHeader string
 	// KeyField names the top-level JSON string field holding the event key.
+	// A key (or a TypeField type) that is not valid UTF-8 text (raw bytes
+	// that are not UTF-8, an escaped surrogate that is not half of a pair)
+	// is refused with ErrMalformed, as an invalid key header is.
 	KeyField string
 	// TypeHeader names the header holding the event type. Optional. The
 	// header is not signed, so setting it turns the replay guard on by

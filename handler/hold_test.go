@@ -10,7 +10,7 @@ import (
 // delivery to start or to finish. Nothing a test waits for takes near as
 // long, so a wait that outlasts it (a lock wait left unbounded, a delivery
 // never released) fails the test instead of hanging the package.
-const waitBound = 15 * time.Second
+const waitBound = 5 * time.Second
 
 // released is a channel that free closes, at the latest when the test ends.
 type released struct {

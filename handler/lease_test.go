@@ -256,7 +256,7 @@ func TestLeaseRouteLostClaim(t *testing.T) {
 	body := stripeEvent("evt_lease_lost", "invoice.paid")
 	first := postAsync(e, p, body)
 	waitClosed(t, started, "the first delivery's work to start")
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for {
 		r := e.post(p, body)
 		if r.status == http.StatusOK {

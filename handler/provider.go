@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,10 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/txhook/txhook"
 )
 
 // Provider verifies and identifies deliveries from one kind of sender.
@@ -121,7 +126,8 @@ func checkTimestamp(s string, now time.Time, tolerance time.Duration) (int64, er
 	return ts, nil
 }
 
-// jsonFields reads top-level string fields of a JSON object body.
+// jsonFields reads top-level string fields of a JSON object body (see
+// jsonText).
 func jsonFields(body []byte, names ...string) ([]string, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
@@ -133,11 +139,84 @@ func jsonFields(body []byte, names ...string) ([]string, error) {
 		if !ok {
 			continue
 		}
-		if err := json.Unmarshal(raw, &out[i]); err != nil {
-			return nil, fmt.Errorf("%w: field %q is not a string", ErrMalformed, n)
+		var err error
+		if out[i], err = jsonText(raw, n); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// errNotString is jsonText's error for a value that is not a string.
+var errNotString = fmt.Errorf("%w: not a string", ErrMalformed)
+
+// jsonText returns the string the JSON value raw (the field name of a
+// signed body) holds, "" for null. encoding/json turns bytes that are not
+// valid UTF-8, and an escaped surrogate (\ud800 to \udfff) that is not half
+// of a pair, into U+FFFD: two keys that differ only there would decode to
+// one, and the second event be answered as a duplicate of the first. Such a
+// string is refused (ErrMalformed and txhook.ErrInvalidUTF8), as a header
+// holding it is; so is any other value that is not a string
+// (errNotString).
+func jsonText(raw json.RawMessage, name string) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	if raw[0] != '"' {
+		return "", fmt.Errorf("%w: field %q", errNotString, name)
+	}
+	if !lossless(raw) {
+		return "", fmt.Errorf("%w: field %q is not valid UTF-8 text: %w", ErrMalformed, name, txhook.ErrInvalidUTF8)
+	}
+	if bytes.IndexByte(raw, '\\') < 0 { // nothing to unescape
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("%w: field %q", errNotString, name)
+	}
+	return s, nil
+}
+
+// lossless reports whether tok, a JSON string token from a valid document,
+// decodes to exactly what it spells: its bytes are valid UTF-8 and every
+// escaped surrogate is half of a pair.
+func lossless(tok []byte) bool {
+	if !utf8.Valid(tok) {
+		return false
+	}
+	for i := 1; i < len(tok)-1; i++ {
+		if tok[i] != '\\' {
+			continue
+		}
+		i++
+		if tok[i] != 'u' {
+			continue
+		}
+		r := escapedRune(tok[i+1:])
+		i += 4
+		if !utf16.IsSurrogate(r) {
+			continue
+		}
+		if r >= 0xdc00 { // a second half with no first
+			return false
+		}
+		rest := tok[i+1:]
+		if len(rest) < 6 || rest[0] != '\\' || rest[1] != 'u' {
+			return false
+		}
+		if low := escapedRune(rest[2:]); low < 0xdc00 || low > 0xdfff {
+			return false
+		}
+		i += 6
+	}
+	return true
+}
+
+// escapedRune decodes the four hex digits that start h (of a \u escape).
+func escapedRune(h []byte) rune {
+	v, _ := strconv.ParseUint(string(h[:4]), 16, 32)
+	return rune(v)
 }
 
 func nonEmpty(secrets []string) error {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -81,18 +82,25 @@ func (s *StandardWebhooks) Verify(header http.Header, body []byte, now time.Time
 	return nil
 }
 
-// Extract implements Provider.
+// Extract implements Provider. A "type" that is a string but not valid UTF-8
+// text is refused with ErrMalformed, as Stripe's id is; one that is not a
+// string is no type.
 func (s *StandardWebhooks) Extract(header http.Header, body []byte) (Delivery, error) {
 	id, _, _ := standardHeaders(header)
 	if id == "" {
 		return Delivery{}, fmt.Errorf("%w: missing webhook-id header", ErrMalformed)
 	}
 	var payload struct {
-		Type any `json:"type"`
+		Type json.RawMessage `json:"type"`
 	}
 	d := Delivery{Key: id}
 	if json.Unmarshal(body, &payload) == nil {
-		if t, ok := payload.Type.(string); ok {
+		t, err := jsonText(payload.Type, "type")
+		switch {
+		case errors.Is(err, errNotString): // no type
+		case err != nil:
+			return Delivery{}, err
+		default:
 			d.Type = t
 		}
 	}

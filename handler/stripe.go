@@ -52,19 +52,30 @@ func (s *Stripe) Verify(header http.Header, body []byte, now time.Time) error {
 	return nil
 }
 
-// Extract implements Provider.
+// Extract implements Provider. An id or type that is not valid UTF-8 text
+// (raw bytes that are not UTF-8, an escaped surrogate that is not half of a
+// pair) is refused with ErrMalformed: decoded, it would become U+FFFD and
+// could match another event's id.
 func (s *Stripe) Extract(_ http.Header, body []byte) (Delivery, error) {
 	var ev struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
+		ID   json.RawMessage `json:"id"`
+		Type json.RawMessage `json:"type"`
 	}
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return Delivery{}, fmt.Errorf("%w: body is not a Stripe event", ErrMalformed)
 	}
-	if ev.ID == "" {
+	id, err := jsonText(ev.ID, "id")
+	if err != nil {
+		return Delivery{}, err
+	}
+	if id == "" {
 		return Delivery{}, fmt.Errorf("%w: event has no id", ErrMalformed)
 	}
-	return Delivery{Key: ev.ID, Type: ev.Type}, nil
+	typ, err := jsonText(ev.Type, "type")
+	if err != nil {
+		return Delivery{}, err
+	}
+	return Delivery{Key: id, Type: typ}, nil
 }
 
 // Sign implements Signer with the first secret.

@@ -265,7 +265,14 @@ func (s setup) endpoint(t *testing.T, r handler.Route) *httptest.Server {
 // deliver posts a signed push with delivery id key and returns the status.
 func deliver(t *testing.T, srv *httptest.Server, key string) int {
 	t.Helper()
-	body := []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key))
+	code, _ := deliverBody(t, srv, key, []byte(fmt.Sprintf(`{"ref":"refs/heads/main","after":%q}`, key)))
+	return code
+}
+
+// deliverBody posts body, signed, as a push with delivery id key, and
+// returns the answer's status and body.
+func deliverBody(t *testing.T, srv *httptest.Server, key string, body []byte) (int, string) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -279,8 +286,12 @@ func deliver(t *testing.T, srv *httptest.Server, key string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(answer)
 }
 
 func TestAcceptThenApply(t *testing.T) {

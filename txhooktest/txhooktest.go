@@ -9,7 +9,9 @@
 //
 // Both drive the application from outside, through functions the test
 // supplies (deliver the event, count its effects, start the process), so
-// they work for an HTTP endpoint, a queue consumer or a direct call alike.
+// they work for an HTTP endpoint, a queue consumer or a direct call alike;
+// CheckDuplicates also takes the receiver's Processor, to make every
+// delivery reach the database.
 //
 // Stability: the exported API of this package follows the module's
 // versioning like the rest of txhook; new optional fields may be added to
@@ -30,6 +32,14 @@ import (
 
 // Duplicates configures CheckDuplicates.
 type Duplicates struct {
+	// Processor is the Processor the receiver applies events with, as the
+	// application builds it (any Config). Before each delivery the check
+	// makes it forget the keys it remembers as done
+	// (Processor.ForgetRecentKeys), so that every delivery reaches the
+	// events table: otherwise the redeliveries of a key it processed are
+	// answered from that memory, and a receiver whose key did not survive
+	// its first delivery would pass. Required.
+	Processor *txhook.Processor
 	// Deliver delivers the event under test once. It returns nil when the
 	// delivery was acknowledged (a 2xx, a nil error from Process with an
 	// outcome other than in flight), and an error otherwise. Required.
@@ -48,17 +58,18 @@ type Duplicates struct {
 // CheckDuplicates delivers the event once (it must be acknowledged), again
 // Sequential times, then Concurrent times at once, and fails t unless the
 // effects stay at Want throughout. Concurrent deliveries may be refused
-// (in flight); they are retried until acknowledged or ctx's deadline.
-//
-// Build the receiver's Processor with ProcessorConfig, so that every
-// redelivery reaches the database: a Processor otherwise answers the
-// redeliveries of a key it processed from its memory of done keys, and
-// the check would only show that the memory works, not the events table's
-// unique key, which is what guards deliveries to several processes.
+// (in flight); they are retried until acknowledged or ctx's deadline. Every
+// delivery reaches the database (see Duplicates.Processor): what the check
+// shows is the events table's unique key at work, which is what guards
+// deliveries to several processes and after a restart.
 func CheckDuplicates(t testing.TB, d Duplicates) {
 	t.Helper()
-	if d.Deliver == nil || d.Effects == nil {
-		t.Fatal("txhooktest: Duplicates needs Deliver and Effects")
+	if d.Processor == nil || d.Deliver == nil || d.Effects == nil {
+		t.Fatal("txhooktest: Duplicates needs Processor, Deliver and Effects")
+	}
+	deliver := func(ctx context.Context) error {
+		d.Processor.ForgetRecentKeys()
+		return d.Deliver(ctx)
 	}
 	if d.Want == 0 {
 		d.Want = 1
@@ -81,12 +92,12 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 			t.Fatalf("txhooktest: %d effects %s, want %d", n, when, d.Want)
 		}
 	}
-	if err := d.Deliver(ctx); err != nil {
+	if err := deliver(ctx); err != nil {
 		t.Fatalf("txhooktest: first delivery not acknowledged: %v", err)
 	}
 	check("after the first delivery")
 	for i := range d.Sequential {
-		if err := d.Deliver(ctx); err != nil {
+		if err := deliver(ctx); err != nil {
 			t.Fatalf("txhooktest: redelivery %d not acknowledged: %v", i+1, err)
 		}
 	}
@@ -94,7 +105,7 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 	var wg sync.WaitGroup
 	errs := make(chan error, d.Concurrent)
 	for range d.Concurrent {
-		wg.Go(func() { errs <- deliverUntilAcked(ctx, d.Deliver) })
+		wg.Go(func() { errs <- deliverUntilAcked(ctx, deliver) })
 	}
 	wg.Wait()
 	close(errs)
@@ -104,18 +115,6 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 		}
 	}
 	check("after concurrent redeliveries")
-}
-
-// ProcessorConfig returns a copy of cfg (nil: the defaults) with the
-// Processor's memory of done keys turned off (txhook.Config.RecentKeys),
-// for the receiver under CheckDuplicates.
-func ProcessorConfig(cfg *txhook.Config) *txhook.Config {
-	var c txhook.Config
-	if cfg != nil {
-		c = *cfg
-	}
-	c.RecentKeys = -1
-	return &c
 }
 
 // Crash configures RunCrashTest.

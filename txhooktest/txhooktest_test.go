@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,16 +57,24 @@ func onCheckout(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	return err
 }
 
-func endpoint(pool *pgxpool.Pool) (http.Handler, error) {
-	proc, err := txhook.NewProcessor(pool, txhooktest.ProcessorConfig(nil))
+// endpoint is the application's receiver, on a Processor with the default
+// configuration (its memory of done keys on), applying onCheckout.
+func endpoint(pool *pgxpool.Pool) (http.Handler, *txhook.Processor, error) {
+	return endpointWith(pool, onCheckout)
+}
+
+// endpointWith is endpoint with h as the checkout handler.
+func endpointWith(pool *pgxpool.Pool, h txhook.HandlerFunc) (http.Handler, *txhook.Processor, error) {
+	proc, err := txhook.NewProcessor(pool, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return handler.New(proc, &handler.Config{
+	ep, err := handler.New(proc, &handler.Config{
 		Source:   "stripe",
 		Provider: &handler.Stripe{Secrets: []string{secret}},
-		Routes:   map[string]handler.Route{"checkout.session.completed": handler.Tx(onCheckout)},
+		Routes:   map[string]handler.Route{"checkout.session.completed": handler.Tx(h)},
 	})
+	return ep, proc, err
 }
 
 // serve is the application under test, run as a child process.
@@ -75,7 +84,7 @@ func serve(addr, dbURL string) error {
 		return err
 	}
 	defer pool.Close()
-	h, err := endpoint(pool)
+	h, _, err := endpoint(pool)
 	if err != nil {
 		return err
 	}
@@ -135,26 +144,29 @@ func newDB(t testing.TB) *testdb.DB {
 func TestCheckDuplicatesThroughHTTP(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
-	h, err := endpoint(d.Pool)
+	h, proc, err := endpoint(d.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	txhooktest.CheckDuplicates(t, txhooktest.Duplicates{
+		Processor:  proc,
 		Deliver:    deliverTo(srv.URL),
 		Effects:    effects(d.Pool),
 		Concurrent: 20,
 	})
 }
 
-// TestCheckDuplicatesReachesTheDatabase: with ProcessorConfig, every
-// delivery the check sends runs the dedupe step in the database.
+// TestCheckDuplicatesReachesTheDatabase: on a Processor with the default
+// configuration, which remembers the keys it processed, every delivery the
+// check sends asks the database, through the dedupe step (or, in a storm of
+// duplicates, the read of the key's status).
 func TestCheckDuplicatesReachesTheDatabase(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
 	pool, tr := pgtrace.Pool(t, d.URL)
-	h, err := endpoint(pool)
+	h, proc, err := endpoint(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,44 +174,86 @@ func TestCheckDuplicatesReachesTheDatabase(t *testing.T) {
 	defer srv.Close()
 	tr.Take()
 	txhooktest.CheckDuplicates(t, txhooktest.Duplicates{
+		Processor:  proc,
 		Deliver:    deliverTo(srv.URL),
 		Effects:    effects(d.Pool),
 		Sequential: 2,
 		Concurrent: 5,
 	})
-	dedupes := 0
+	asked := 0
 	for _, trip := range tr.Take() {
-		if slices.Contains(trip, "InsertEvent") {
-			dedupes++
+		if slices.Contains(trip, "InsertEvent") || slices.Contains(trip, "EventStatus") {
+			asked++
 		}
 	}
-	if dedupes < 1+2+5 {
-		t.Errorf("%d deliveries ran the dedupe step, want all %d", dedupes, 1+2+5)
+	if asked < 1+2+5 {
+		t.Errorf("%d deliveries asked the database, want all %d", asked, 1+2+5)
 	}
 }
 
-// The kit must catch a receiver that applies duplicates.
+// The kit must catch a receiver that applies duplicates: one that keys each
+// delivery by a value made on receipt, so that no two share a key.
 func TestCheckDuplicatesCatchesDoubleApply(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
+	proc, err := txhook.NewProcessor(d.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var received atomic.Int64
+	wantCaught(t, txhooktest.Duplicates{
+		Processor: proc,
+		Deliver: func(ctx context.Context) error {
+			ev := txhook.Event{Source: "stripe", Key: fmt.Sprintf("received-%d", received.Add(1))}
+			_, err := proc.Process(ctx, ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+				if _, err := tx.Exec(ctx, "DELETE FROM orders"); err != nil {
+					return err
+				}
+				return onCheckout(ctx, tx, ev)
+			})
+			return err
+		},
+		Effects: effects(d.Pool),
+	}, "a receiver that applies every delivery")
+}
+
+// The kit must catch a receiver whose key does not survive its first
+// delivery (here its handler deletes it, as a misconfigured cleanup could),
+// on a Processor with the default configuration, which answers the
+// redeliveries of a key it processed from memory unless told to forget.
+func TestCheckDuplicatesCatchesLostKey(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	h, proc, err := endpointWith(d.Pool, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		if _, err := tx.Exec(ctx, "DELETE FROM orders"); err != nil {
+			return err
+		}
+		if err := onCheckout(ctx, tx, ev); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DELETE FROM txhook_processed_events WHERE source = $1 AND event_key = $2", ev.Source, ev.Key)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	wantCaught(t, txhooktest.Duplicates{Processor: proc, Deliver: deliverTo(srv.URL), Effects: effects(d.Pool)},
+		"a receiver that loses its key after the first delivery")
+}
+
+// wantCaught fails t unless CheckDuplicates fails with d, a broken
+// receiver described by what.
+func wantCaught(t *testing.T, d txhooktest.Duplicates, what string) {
+	t.Helper()
 	ft := &fakeT{TB: t}
 	func() {
 		defer func() { recover() }() // fakeT.Fatalf stops this goroutine's test function via panic
-		txhooktest.CheckDuplicates(ft, txhooktest.Duplicates{
-			Deliver: func(ctx context.Context) error {
-				// No dedupe at all: every delivery applies the event.
-				return pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, "DELETE FROM orders"); err != nil {
-						return err
-					}
-					return onCheckout(ctx, tx, txhook.Event{})
-				})
-			},
-			Effects: effects(d.Pool),
-		})
+		txhooktest.CheckDuplicates(ft, d)
 	}()
 	if !ft.failed {
-		t.Error("CheckDuplicates passed a receiver that applies every delivery")
+		t.Errorf("CheckDuplicates passed %s", what)
 	}
 }
 

@@ -3,6 +3,8 @@
 // demo. It listens on 127.0.0.1 on a free port, runs without fsync (unless
 // started with StartDurable), and is removed by Stop; a cluster started with
 // StartKept (for benchmarks whose data takes long to make) keeps its folder.
+// Only a durable cluster can be restarted (Restart): one without fsync may
+// lose commits it acknowledged when it stops in immediate mode.
 package pgcluster
 
 import (
@@ -77,7 +79,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 
 // StartDurable is Start with PostgreSQL's default durability settings
 // (fsync, synchronous_commit and full_page_writes on), for benchmarks that
-// must pay for durable commits.
+// must pay for durable commits and for tests that restart the server.
 func StartDurable(ctx context.Context) (*Cluster, error) {
 	return start(ctx, true)
 }
@@ -216,9 +218,18 @@ func (c *Cluster) Stop() error {
 	return err
 }
 
+// ErrNotDurable is Restart's error on a cluster started without durable
+// commits (Start).
+var ErrNotDurable = errors.New("pgcluster: restart of a cluster without durable commits (fsync, synchronous_commit and full_page_writes off) may lose commits it acknowledged: start it with StartDurable")
+
 // Restart stops the server immediately (as a crash would) and starts it again
-// on the same port, for tests of database outages.
+// on the same port, for tests of database outages. It refuses a cluster
+// started with Start (ErrNotDurable): such a restart loses commits the
+// server acknowledged, which a test would take for the library's losses.
 func (c *Cluster) Restart(ctx context.Context) error {
+	if !c.durable {
+		return ErrNotDurable
+	}
 	data := filepath.Join(c.dir, "data")
 	if out, err := c.run(ctx, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"); err != nil {
 		return fmt.Errorf("pgcluster: pg_ctl stop: %w: %s", err, out)

@@ -136,14 +136,6 @@ func noServer(t testing.TB, err error) {
 	t.Skip(msg)
 }
 
-// Cluster returns the throwaway cluster, or nil when the server came from
-// TEST_DATABASE_URL.
-func Cluster(t testing.TB) *pgcluster.Cluster {
-	t.Helper()
-	ServerURL(t)
-	return srv.cluster
-}
-
 // New returns a fresh database for t, cloned from tpl (TxhookTemplate when
 // none is given). It is dropped when t ends, unless t failed: then its name
 // is logged and it is kept for inspection.

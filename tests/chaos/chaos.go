@@ -9,7 +9,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -157,7 +156,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	receivers := max(cfg.Receivers, 1)
 	res := result{Events: len(p.events), Receivers: receivers, DuplicatesInjected: p.duplicates}
 
-	env := []string{"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "STRIPE_WEBHOOK_SECRET=" + secret}
+	env := []string{"DATABASE_URL=" + cfg.DatabaseURL, "STRIPE_WEBHOOK_SECRET=" + secret}
 	var fs *fulfillmentService
 	if cfg.Fulfillment {
 		fs = newFulfillmentService(cfg.Seed, cfg.FulfillmentFailRate)
@@ -240,6 +239,16 @@ func run(ctx context.Context, cfg config) (result, error) {
 	chaosDone := make(chan struct{})
 	var trafficDone atomic.Bool
 	var dbRestarts atomic.Int32
+	var restartErr error // set before chaosDone is closed
+	restartDB := func() {
+		if cfg.RestartDB == nil || restartErr != nil || dbRestarts.Load() > 0 {
+			return
+		}
+		logf("restarting PostgreSQL (immediate mode) at %d/%d events", progress.Load(), len(p.events))
+		if restartErr = cfg.RestartDB(sendCtx); restartErr == nil {
+			dbRestarts.Add(1)
+		}
+	}
 	go func() {
 		defer close(chaosDone)
 		n := int64(len(p.events))
@@ -263,12 +272,8 @@ func run(ctx context.Context, cfg config) (result, error) {
 				if sendCtx.Err() != nil {
 					return
 				}
-				if cfg.RestartDB != nil && dbRestarts.Load() == 0 && progress.Load() >= dbMark {
-					logf("restarting PostgreSQL (immediate mode) at %d/%d events", progress.Load(), n)
-					if err := cfg.RestartDB(sendCtx); err != nil {
-						logf("restart PostgreSQL: %v", err)
-					}
-					dbRestarts.Add(1)
+				if progress.Load() >= dbMark {
+					restartDB()
 				}
 				time.Sleep(2 * time.Millisecond)
 			}
@@ -279,6 +284,13 @@ func run(ctx context.Context, cfg config) (result, error) {
 			if (i+1)%10 == 0 {
 				logf("%d kills, %d/%d events acknowledged", i+1, progress.Load(), n)
 			}
+		}
+		// Every kill came before halfway: restart once halfway all the same.
+		for progress.Load() < dbMark && !trafficDone.Load() && sendCtx.Err() == nil {
+			time.Sleep(2 * time.Millisecond)
+		}
+		if sendCtx.Err() == nil {
+			restartDB()
 		}
 	}()
 
@@ -301,6 +313,9 @@ func run(ctx context.Context, cfg config) (result, error) {
 	}
 	if supErr != nil {
 		return res, fmt.Errorf("supervise example: %w", supErr)
+	}
+	if restartErr != nil {
+		return res, fmt.Errorf("restart PostgreSQL: %w", restartErr)
 	}
 	var otherLogs []string
 	for i, sup := range sups {
@@ -415,22 +430,6 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			return ctx.Err()
 		}
 	}
-}
-
-// durableURL returns dbURL asking for synchronous_commit=on in the session.
-// A throwaway cluster runs with synchronous_commit=off, under which a crash
-// of PostgreSQL loses the last transactions it acknowledged; the run's
-// promise (an acknowledged event is committed) assumes durable commits.
-// A connection string that is not a URL is returned as it is.
-func durableURL(dbURL string) string {
-	u, err := url.Parse(dbURL)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return dbURL
-	}
-	q := u.Query()
-	q.Set("synchronous_commit", "on")
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 func randomTag() string {

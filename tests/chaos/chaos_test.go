@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
+	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
@@ -15,17 +19,17 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // TestChaosShort is a short chaos run: a few hundred events with duplicates,
 // five SIGKILLs of the example, a crash point armed on some restarts, a
-// PostgreSQL restart when the test owns the server, and lease mode on; every
-// event must be applied exactly once.
+// PostgreSQL restart (on a durable cluster of the test's own), and lease mode
+// on; every event must be applied exactly once.
 //
 // The example holds a lease-mode claim for 30s, so a kill that lands during
 // a payment intent's external call stalls that event for 30s: the share of
 // payment intents is kept small, and only transactional crash points are
 // armed (tests/leasecrash covers the lease-mode ones).
 func TestChaosShort(t *testing.T) {
-	db := testdb.New(t)
+	c := durableCluster(t)
 	cfg := defaultConfig()
-	cfg.DatabaseURL = db.URL
+	cfg.DatabaseURL, cfg.RestartDB = c.URL, c.Restart
 	cfg.Events = 300
 	cfg.Senders = 4
 	cfg.Kills = 5
@@ -35,9 +39,6 @@ func TestChaosShort(t *testing.T) {
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
-	if c := testdb.Cluster(t); c != nil {
-		cfg.RestartDB = c.Restart
-	}
 	res := runClean(t, cfg)
 	if res.Kills != cfg.Kills {
 		t.Errorf("kills = %d, want %d", res.Kills, cfg.Kills)
@@ -48,6 +49,32 @@ func TestChaosShort(t *testing.T) {
 	if res.DuplicatesInjected == 0 || res.Deliveries <= int64(res.Events) {
 		t.Errorf("deliveries = %d with %d duplicates injected for %d events: no duplicates were sent", res.Deliveries, res.DuplicatesInjected, res.Events)
 	}
+	if res.DBRestarts != 1 {
+		t.Errorf("PostgreSQL restarted %d times, want once", res.DBRestarts)
+	}
+}
+
+// durableCluster starts a PostgreSQL cluster of t's own with durable
+// commits, for a run that restarts it (pgcluster refuses to restart any
+// other: its restart would lose commits it acknowledged), and stops it when
+// t ends. It skips t (fails it under CI) when no server can be started.
+func durableCluster(t *testing.T) *pgcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.StartDurable(ctx)
+	if errors.Is(err, pgcluster.ErrNoServer) && os.Getenv("CI") == "" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Log(err)
+		}
+	})
+	return c
 }
 
 // TestChaosShortReceivers is a short chaos run against three processes of

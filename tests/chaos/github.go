@@ -142,7 +142,7 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 	defer api.Close()
 
 	env := []string{
-		"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "GITHUB_WEBHOOK_SECRET=" + secret,
+		"DATABASE_URL=" + cfg.DatabaseURL, "GITHUB_WEBHOOK_SECRET=" + secret,
 		"GITHUB_API_URL=http://" + ln.Addr().String(), "GITHUB_TOKEN=" + token,
 		"GITHUB_REPOSITORY=" + hookRepo, "GITHUB_HOOK_ID=1",
 		"REDELIVER_INTERVAL=" + cfg.Interval.String(), "REDELIVER_PAUSE=0", "REDELIVER_BACKOFF=" + cfg.Interval.String(),
@@ -165,10 +165,13 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 	logf("github-pushes listening on %s; fake GitHub delivering %d pushes once each, %d senders, %d kills", addr, len(pushes), cfg.Senders, cfg.Kills)
 
 	// Deliveries: each push once, as GitHub sends it; never retried.
-	answered, restarted := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
+	answered, restarted, err := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
 		Senders: cfg.Senders, Rate: cfg.Rate, Kills: cfg.Kills, RestartDB: cfg.RestartDB, Log: logf,
 	})
 	res.DBRestarts += restarted
+	if err != nil {
+		return res, err
+	}
 	for _, ok := range answered {
 		if ok {
 			res.FirstTryOK++

@@ -14,12 +14,13 @@ import (
 // TestGitHubChaosShort is a short run of the never-retrying sender: a fake
 // GitHub delivers 150 pushes once each to github-pushes, killed three
 // times (once more while the sweeper recovers) and PostgreSQL restarted
-// when the test owns the server; its redelivery sweeper must recover every
-// failed delivery, and each push must be applied exactly once.
+// once (on a durable cluster of the test's own); its redelivery sweeper
+// must recover every failed delivery, and each push must be applied exactly
+// once.
 func TestGitHubChaosShort(t *testing.T) {
-	db := testdb.New(t)
+	c := durableCluster(t)
 	cfg := defaultGitHubConfig()
-	cfg.DatabaseURL = db.URL
+	cfg.DatabaseURL, cfg.RestartDB = c.URL, c.Restart
 	cfg.Pushes = 150
 	cfg.Senders = 4
 	cfg.Rate = 50
@@ -29,11 +30,11 @@ func TestGitHubChaosShort(t *testing.T) {
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
-	if c := testdb.Cluster(t); c != nil {
-		cfg.RestartDB = c.Restart
-	}
 	res, err := runGitHub(t.Context(), cfg)
 	mustBeClean(t, cfg.Seed, res, res.Problems, err)
+	if res.DBRestarts != 1 {
+		t.Errorf("PostgreSQL restarted %d times, want once", res.DBRestarts)
+	}
 	if res.Kills < cfg.Kills {
 		t.Errorf("kills = %d, want at least %d", res.Kills, cfg.Kills)
 	}

@@ -127,7 +127,7 @@ func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
 		Target: "http://" + addr + "/webhooks/github", Secret: secret,
 	})
 	env := []string{
-		"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "GITHUB_WEBHOOK_SECRET=" + secret,
+		"DATABASE_URL=" + cfg.DatabaseURL, "GITHUB_WEBHOOK_SECRET=" + secret,
 		"APPLY_MODE=inbox", "INBOX_JOB_TIMEOUT=" + cfg.JobTimeout.String(),
 	}
 	l := &launcher{bin: bins[githubPushesPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
@@ -146,10 +146,13 @@ func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
 		addr, len(pushes), cfg.Senders, cfg.Kills)
 
 	// Deliveries: each push once, never retried.
-	answered, restarted := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
+	answered, restarted, err := sendOnce(ctx, gh, pushes, sup, rng, onceConfig{
 		Senders: cfg.Senders, Rate: cfg.Rate, Kills: cfg.Kills, RestartDB: cfg.RestartDB, Log: logf,
 	})
 	res.DBRestarts += restarted
+	if err != nil {
+		return res, err
+	}
 	var ok []string
 	for _, p := range pushes {
 		if answered[p.guid] {

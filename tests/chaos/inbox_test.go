@@ -13,12 +13,13 @@ import (
 
 // TestInboxChaosShort is a short run of the inbox scenario: a fake GitHub
 // delivers 150 pushes once each to github-pushes in inbox mode (no
-// sweeper), killed four times and PostgreSQL restarted when the test owns
-// the server; every push answered 2xx must be applied exactly once.
+// sweeper), killed four times and PostgreSQL restarted once (on a durable
+// cluster of the test's own); every push answered 2xx must be applied
+// exactly once.
 func TestInboxChaosShort(t *testing.T) {
-	db := testdb.New(t)
+	c := durableCluster(t)
 	cfg := defaultInboxConfig()
-	cfg.DatabaseURL = db.URL
+	cfg.DatabaseURL, cfg.RestartDB = c.URL, c.Restart
 	cfg.Pushes = 150
 	cfg.Senders = 4
 	cfg.Rate = 50
@@ -27,11 +28,11 @@ func TestInboxChaosShort(t *testing.T) {
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
-	if c := testdb.Cluster(t); c != nil {
-		cfg.RestartDB = c.Restart
-	}
 	res, err := runInbox(t.Context(), cfg)
 	mustBeClean(t, cfg.Seed, res, res.Problems, err)
+	if res.DBRestarts != 1 {
+		t.Errorf("PostgreSQL restarted %d times, want once", res.DBRestarts)
+	}
 	if res.Kills < cfg.Kills {
 		t.Errorf("kills = %d, want at least %d", res.Kills, cfg.Kills)
 	}

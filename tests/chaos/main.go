@@ -26,8 +26,11 @@
 // exits with status 1 when an event was lost or applied twice.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL cluster (initdb
-// and pg_ctl in a temporary folder) and removes it at the end. With
-// DATABASE_URL set it uses that database: the example creates its tables
+// and pg_ctl in a temporary folder) and removes it at the end; one it
+// restarts runs with PostgreSQL's durable settings (fsync, synchronous_commit
+// and full_page_writes on), since an immediate-mode restart of a cluster
+// without them loses commits it acknowledged. With DATABASE_URL set it uses
+// that database, and never restarts it: the example creates its tables
 // there, and the run's rows carry a random tag, so runs do not collide.
 //
 // With -github it runs the scenario of a sender that never retries
@@ -134,9 +137,9 @@ type outcome interface {
 }
 
 // onDatabase runs scenario on the database at dbURL or, when it is empty,
-// on a throwaway cluster (whose restart it hands over when restartDB),
-// prints the summary line and any problems, and reports whether the run was
-// clean.
+// on a throwaway cluster (durable, and its restart handed over, when
+// restartDB), prints the summary line and any problems, and reports whether
+// the run was clean.
 func onDatabase(ctx context.Context, log func(string, ...any), dbURL string, restartDB bool,
 	scenario func(dbURL string, restart func(context.Context) error) (outcome, []string, error)) (bool, error) {
 	var restart func(context.Context) error
@@ -144,7 +147,11 @@ func onDatabase(ctx context.Context, log func(string, ...any), dbURL string, res
 		if log != nil {
 			log("no DATABASE_URL: starting a throwaway PostgreSQL")
 		}
-		c, err := pgcluster.Start(ctx)
+		start := pgcluster.Start
+		if restartDB {
+			start = pgcluster.StartDurable
+		}
+		c, err := start(ctx)
 		if err != nil {
 			return false, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
 		}

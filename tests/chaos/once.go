@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	mrand "math/rand/v2"
 	"slices"
 	"sync"
@@ -25,8 +26,9 @@ type onceConfig struct {
 // at most cfg.Rate a second from cfg.Senders senders, while sup is asked
 // for cfg.Kills kills spread over the deliveries and PostgreSQL is
 // restarted once halfway. It returns, for each push sent, whether it was
-// answered 2xx, and how many times PostgreSQL was restarted.
-func sendOnce(ctx context.Context, gh *fakegithub.Server, pushes []push, sup *supervisor, rng *mrand.Rand, cfg onceConfig) (map[string]bool, int) {
+// answered 2xx, how many times PostgreSQL was restarted, and the error of a
+// restart that failed (the run then proves nothing of a restart).
+func sendOnce(ctx context.Context, gh *fakegithub.Server, pushes []push, sup *supervisor, rng *mrand.Rand, cfg onceConfig) (map[string]bool, int, error) {
 	var sent atomic.Int64
 	var mu sync.Mutex
 	answered := make(map[string]bool, len(pushes)) // guid -> answered 2xx
@@ -66,14 +68,15 @@ func sendOnce(ctx context.Context, gh *fakegithub.Server, pushes []push, sup *su
 		marks[i] = n/50 + rng.Int64N(max(1, n*9/10))
 	}
 	slices.Sort(marks)
-	restarts := 0
+	restarts, tried := 0, false
+	var restartErr error
 	restartDB := func() {
-		if cfg.RestartDB != nil && restarts == 0 && sent.Load() >= n/2 {
+		if cfg.RestartDB != nil && !tried && sent.Load() >= n/2 {
+			tried = true
 			cfg.Log("restarting PostgreSQL (immediate mode) at %d/%d pushes", sent.Load(), n)
-			if err := cfg.RestartDB(ctx); err != nil {
-				cfg.Log("restart PostgreSQL: %v", err)
+			if restartErr = cfg.RestartDB(ctx); restartErr == nil {
+				restarts++
 			}
-			restarts++
 		}
 	}
 	for _, m := range marks {
@@ -87,10 +90,13 @@ func sendOnce(ctx context.Context, gh *fakegithub.Server, pushes []push, sup *su
 			break
 		}
 	}
-	for sent.Load() < n && ctx.Err() == nil && restarts == 0 && cfg.RestartDB != nil {
+	for sent.Load() < n && ctx.Err() == nil && !tried && cfg.RestartDB != nil {
 		restartDB()
 		time.Sleep(2 * time.Millisecond)
 	}
 	wg.Wait()
-	return answered, restarts
+	if restartErr != nil {
+		restartErr = fmt.Errorf("restart PostgreSQL: %w", restartErr)
+	}
+	return answered, restarts, restartErr
 }
