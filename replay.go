@@ -28,10 +28,6 @@ var (
 	ErrNotFailed = errors.New("txhook: event is not failed")
 )
 
-// errLeaseReplay stops a transactional replay whose event's route is in
-// lease mode: it is replayed under a claim instead.
-var errLeaseReplay = errors.New("txhook: replay under a claim")
-
 // Replay runs the failed event source/key (a dead letter) again through the
 // route registered for its source and type (Config.Routes), from its stored
 // payload, with the same exactly-once rules as a delivery. The console's
@@ -72,15 +68,38 @@ var errLeaseReplay = errors.New("txhook: replay under a claim")
 // replay fails. An event whose job is still live is never taken over: its
 // job applies it (ErrNotFailed while it is queued).
 func (p *Processor) Replay(ctx context.Context, source, key string) (Result, error) {
-	if err := p.failStuck(ctx, source, key); err != nil {
+	res, err := p.replay(ctx, source, key)
+	if err != nil {
 		return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+	}
+	return res, nil
+}
+
+func (p *Processor) replay(ctx context.Context, source, key string) (Result, error) {
+	if err := p.failStuck(ctx, source, key); err != nil {
+		return Result{}, err
+	}
+	var cur db.EventRouteRow
+	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
+		var err error
+		cur, err = q.EventRoute(ctx, db.EventRouteParams{Source: source, EventKey: key})
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Result{}, ErrEventNotFound
+	case err != nil:
+		return Result{}, directError(fmt.Errorf("read event: %w", err))
+	}
+	if r, ok := p.routes.lookup(source, cur.EventType); ok && r.isLease() &&
+		(cur.Status == statusFailed || cur.Status == statusInProgress) {
+		return p.replayLease(ctx, source, key, r.lease)
 	}
 	var res Result
 	var failed *db.TxhookProcessedEvent // the failed row, locked; nil when the event is not failed
-	var lease *Event                    // the event, when its route is in lease mode
-	err := engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
+	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
-			failed, lease = nil, nil // a retried transaction starts afresh
+			failed = nil // a retried transaction starts afresh
 			row, err := db.New(q).LockFailedEvent(ctx, db.LockFailedEventParams{Source: source, EventKey: key})
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -93,19 +112,12 @@ func (p *Processor) Replay(ctx context.Context, source, key string) (Result, err
 		},
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			var err error
-			res, lease, err = p.replayTx(ctx, tx, failed, source, key)
+			res, err = p.replayTx(ctx, tx, failed, source, key)
 			return err
 		},
 	})
-	err = apiError(err)
-	switch {
-	case errors.Is(err, errLeaseReplay):
-		res, err = p.replayLease(ctx, *lease)
-	case errors.Is(err, errRollback):
-		err = nil
-	}
-	if err != nil {
-		return Result{}, fmt.Errorf("replay %s/%s: %w", source, key, err)
+	if err = apiError(err); err != nil && !errors.Is(err, errRollback) {
+		return Result{}, err
 	}
 	return res, nil
 }
@@ -123,74 +135,76 @@ func (p *Processor) failStuck(ctx context.Context, source, key string) error {
 	return nil
 }
 
-// replayLease replays ev, whose route is in lease mode, under a new claim.
-func (p *Processor) replayLease(ctx context.Context, ev Event) (Result, error) {
-	r, ok := p.routes.lookup(ev.Source, ev.Type)
-	if !ok || !r.isLease() {
-		return Result{}, fmt.Errorf("%w %q", ErrNoHandler, ev.Type) // unregistered meanwhile
-	}
-	if ev.Payload == nil {
+// replayLease replays the event source/key, failed or held by a claim,
+// under a new claim with h, its route's lease-mode handler: the claim's
+// statement waits on the row's lock at most Config.LockTimeout (in flight
+// past it), and a live claim is in flight.
+func (p *Processor) replayLease(ctx context.Context, source, key string, h LeaseHandler) (Result, error) {
+	var row db.TxhookProcessedEvent
+	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
+		var err error
+		row, err = q.GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Result{}, ErrEventNotFound
+	case err != nil:
+		return Result{}, directError(fmt.Errorf("read event: %w", err))
+	case row.Payload == nil:
 		return Result{}, ErrNoPayload
 	}
-	return p.processLease(ctx, ev, r.lease, true, false)
+	return p.processLease(ctx, *eventOf(row), h, true, false)
 }
 
 // replayTx is the body of Replay's transaction: row is the failed event,
-// locked by the transaction's first step, or nil when it is not failed. An
-// event whose route is in lease mode, failed or held by a claim, is
-// returned with errLeaseReplay, for a replay under a claim.
-func (p *Processor) replayTx(ctx context.Context, tx pgx.Tx, row *db.TxhookProcessedEvent, source, key string) (Result, *Event, error) {
+// locked by the transaction's first step, or nil when it is not failed.
+func (p *Processor) replayTx(ctx context.Context, tx pgx.Tx, row *db.TxhookProcessedEvent, source, key string) (Result, error) {
 	q := db.New(tx)
 	ids := db.GetEventParams{Source: source, EventKey: key}
 	if row == nil {
 		cur, err := q.GetEvent(ctx, ids)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return Result{}, nil, ErrEventNotFound
+			return Result{}, ErrEventNotFound
 		case err != nil:
-			return Result{}, nil, fmt.Errorf("read event: %w", err)
+			return Result{}, fmt.Errorf("read event: %w", err)
 		case cur.Status == statusDone:
-			return Result{Outcome: OutcomeDuplicate}, nil, errRollback
-		case cur.Status == statusInProgress:
-			if r, ok := p.routes.lookup(source, cur.EventType); ok && r.isLease() {
-				return Result{}, eventOf(cur), errLeaseReplay // its claim may be taken over
-			}
+			return Result{Outcome: OutcomeDuplicate}, errRollback
 		}
-		return Result{}, nil, ErrNotFailed
+		return Result{}, ErrNotFailed
 	}
 	r, ok := p.routes.lookup(source, row.EventType)
 	switch {
-	case !ok:
-		return Result{}, nil, fmt.Errorf("%w %q", ErrNoHandler, row.EventType)
-	case r.isLease():
-		return Result{}, eventOf(*row), errLeaseReplay
+	case !ok || r.isLease(): // a lease route registered meanwhile: the next replay runs it
+		return Result{}, fmt.Errorf("%w %q", ErrNoHandler, row.EventType)
 	case row.Payload == nil:
-		return Result{}, nil, ErrNoPayload
+		return Result{}, ErrNoPayload
 	}
 	ev := eventOf(*row)
 	herr := RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { return r.handler(ctx, tx, *ev) })
 	if herr != nil {
 		if !IsPermanent(herr) {
-			return Result{}, nil, fmt.Errorf("handle event: %w", herr)
+			return Result{}, fmt.Errorf("handle event: %w", herr)
 		}
 		if _, err := q.RecordReplayFailure(ctx, db.RecordReplayFailureParams{
 			LastError: pgtype.Text{String: errorText(herr), Valid: true},
 			Source:    source,
 			EventKey:  key,
 		}); err != nil {
-			return Result{}, nil, fmt.Errorf("record replay failure: %w", err)
+			return Result{}, fmt.Errorf("record replay failure: %w", err)
 		}
-		return Result{Outcome: OutcomeFailed, Err: herr}, nil, nil
+		return Result{Outcome: OutcomeFailed, Err: herr}, nil
 	}
 	n, err := q.MarkReplayed(ctx, db.MarkReplayedParams(ids))
 	if err != nil {
-		return Result{}, nil, fmt.Errorf("mark event done: %w", err)
+		return Result{}, fmt.Errorf("mark event done: %w", err)
 	}
 	if n != 1 {
 		// The row is locked by this transaction; this cannot happen.
-		return Result{}, nil, fmt.Errorf("mark event done: %d rows updated", n)
+		return Result{}, fmt.Errorf("mark event done: %d rows updated", n)
 	}
-	return Result{Outcome: OutcomeProcessed}, nil, nil
+	return Result{Outcome: OutcomeProcessed}, nil
 }
 
 // eventOf is the event a stored row records.

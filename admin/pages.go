@@ -53,7 +53,7 @@ func parsePages() map[string]*template.Template {
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, nav, title string, data any) {
 	v := view{
 		Title: title, Nav: nav, CSRF: h.csrfToken(w, r), Writes: h.cfg.AllowWrites,
-		CanReplay: h.cfg.AllowWrites && h.cfg.Replayer != nil, Data: data,
+		CanReplay: h.cfg.AllowWrites && h.cfg.Processor != nil, Data: data,
 	}
 	var b bytes.Buffer
 	if err := h.pages[name].Execute(&b, v); err != nil {

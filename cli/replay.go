@@ -59,7 +59,7 @@ func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	if len(evs) != 1 {
 		shown = fmt.Sprintf("%d dead letters shown", len(evs))
 	}
-	if c.cfg.NewReplayer != nil {
+	if c.cfg.NewProcessor != nil {
 		fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", shown, c.name, c.name)
 		return nil
 	}
@@ -103,7 +103,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		return usagef("--source and --type go with --all")
 	case f.Limit < 1:
 		return usagef("--limit must be at least 1")
-	case !*dryRun && c.cfg.NewReplayer == nil:
+	case !*dryRun && c.cfg.NewProcessor == nil:
 		return usagef("replay runs the application's handlers, which %s does not have: run it from the application's own binary (package github.com/txhook/txhook/cli), or list what it would replay with --dry-run", c.name)
 	}
 	pool, err := c.connectPool(ctx)
@@ -155,9 +155,9 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		return nil
 	}
 
-	r, err := c.cfg.NewReplayer(ctx, pool)
+	r, err := c.cfg.NewProcessor(ctx, pool)
 	if err != nil {
-		return fmt.Errorf("new replayer: %w", err)
+		return fmt.Errorf("new processor: %w", err)
 	}
 	p := c.newProgress("replay", "replayed", "events")
 	p.total = int64(len(events))
