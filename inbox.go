@@ -451,8 +451,8 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 	return res, nil
 }
 
-// FailStuck records as failed the stuck inbox events of sources (of every
-// source when sources is empty): those queued, or in progress with their
+// FailStuck records as failed the stuck inbox events of sources (of the
+// sources of the Processor's inbox routes when sources is empty): those queued, or in progress with their
 // lease ended, whose queue job is gone (deleted), completed, discarded or
 // cancelled, and which no job will therefore apply. Their jobs are River's,
 // looked up in riverSchema's river_job ("" for the one the search path
@@ -472,7 +472,9 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 // primary key.
 func (p *Processor) FailStuck(ctx context.Context, riverSchema string, sources []string) ([]EventRecord, error) {
 	if len(sources) == 0 {
-		sources = nil // every source
+		if sources = p.routes.inboxSources(); len(sources) == 0 {
+			return nil, nil // no inbox route: nothing of this processor's is queued
+		}
 	}
 	var rows []db.FailStuckEventsRow
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {

@@ -2,6 +2,7 @@ package txhook
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -120,4 +121,21 @@ func (rs *Routes) hasSource(source string) bool {
 		}
 	}
 	return false
+}
+
+// inboxSources returns the sources with an inbox route, sorted.
+func (rs *Routes) inboxSources() []string {
+	if rs == nil {
+		return nil
+	}
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	var out []string
+	for k, r := range rs.routes {
+		if r.inbox {
+			out = append(out, k.source)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
