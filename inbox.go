@@ -123,7 +123,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 		}
 	}
-	return Result{}, apiError(err)
+	return Result{}, err
 }
 
 // sqlstateKeyExists is the SQLSTATE with which txhook_queue_event_with_job
@@ -242,7 +242,6 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	case errors.Is(err, errRollback):
 		return res, nil
 	}
-	err = apiError(err)
 	if !failed || databaseFault(err) {
 		// Not the handler's failure: the queue's retry applies the event.
 		return Result{}, err
@@ -342,7 +341,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		return p.settledOrHeld(ctx, j)
 	}
 	if err != nil {
-		return Result{}, directError(fmt.Errorf("claim queued event: %w", err))
+		return Result{}, fmt.Errorf("claim queued event: %w", err)
 	}
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
@@ -381,7 +380,7 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 		Body: func(ctx context.Context, tx pgx.Tx) error { return j.complete(ctx, tx) },
 	})
 	if err != nil && !errors.Is(err, errRollback) {
-		return Result{}, apiError(err)
+		return Result{}, err
 	}
 	return res, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -167,12 +168,7 @@ type Processor struct {
 	storePayload    bool
 	dedupeWithFirst bool // Config.DedupeWithFirstStatement
 	crash           crasher
-	// direct runs statements outside any transaction (the filter's read,
-	// lease mode's claim and release); nil when db only begins
-	// transactions: the read is then off and lease mode's statements run
-	// in transactions of their own.
-	direct engine.Querier
-	filter dupFilter
+	filter          dupFilter
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -204,18 +200,21 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.RecentKeysTTL == 0 {
 		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
-	direct, _ := db.(engine.Querier)
+	run := c.Tx.engine()
+	var read engine.Beginner // the filter's read; off on a database that only begins transactions
+	if _, ok := db.(engine.Querier); ok {
+		read = db
+	}
 	return &Processor{
 		db:              db,
-		run:             c.Tx.engine(),
+		run:             run,
 		lockTimeout:     fmt.Sprintf("%dms", max(c.LockTimeout.Milliseconds(), 1)),
 		inFlightWait:    c.InFlightRetryAfter,
 		maxKeyLen:       c.MaxKeyLen,
 		storePayload:    c.StorePayload,
 		dedupeWithFirst: c.DedupeWithFirstStatement,
 		crash:           newCrasherFromEnv(),
-		direct:          direct,
-		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		filter:          dupFilter{read: read, run: run, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 	}, nil
 }
 
@@ -299,7 +298,7 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 	case IsPermanent(err):
 		return p.recordFailed(ctx, at, ev, err)
 	}
-	return Result{}, apiError(err)
+	return Result{}, err
 }
 
 // dedupe is the dedupe step: it records ev's key in the transaction q runs
@@ -353,7 +352,7 @@ func (p *Processor) recordFailed(ctx context.Context, at engine.Target, ev Event
 		return err
 	}})
 	if err != nil {
-		return Result{}, apiError(fmt.Errorf("record failed event: %w", errors.Join(err, perr)))
+		return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, perr))
 	}
 	if n == 0 {
 		// Another delivery committed the key in the meantime.
@@ -413,7 +412,7 @@ func errorText(err error) string {
 // cancelled (57014) by a session statement_timeout shorter than LockTimeout.
 func isLockTimeout(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && (pgErr.Code == "55P03" || pgErr.Code == "57014")
+	return ok && (pgErr.Code == pgerrcode.LockNotAvailable || pgErr.Code == pgerrcode.QueryCanceled)
 }
 
 // untilLeaseEnds is the Retry-After for a key held by a lease.
