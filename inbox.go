@@ -75,8 +75,9 @@ func (p *Processor) Accept(ctx context.Context, ev Event, g *ReplayGuard, enqueu
 
 // AcceptTx is Accept inside tx, a transaction the caller owns, under a
 // savepoint: the row and the job commit when the caller commits tx, and a
-// duplicate or an error rolls back only Accept's own work. The caller must
-// not acknowledge the event before tx commits.
+// duplicate or an error rolls back only Accept's own work, unless the error
+// matches ErrTxUnusable (see ProcessTx). The caller must not acknowledge the
+// event before tx commits.
 func (p *Processor) AcceptTx(ctx context.Context, tx pgx.Tx, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
 	return p.accept(ctx, engine.Savepoint(tx), ev, g, enqueue)
 }

@@ -74,7 +74,9 @@ type Result struct {
 // retried after a serialization failure or deadlock, so it must not have
 // effects outside tx (use lease mode for those). txhook commits or rolls
 // back tx: its Commit and Rollback return an error (savepoints the handler
-// begins with tx.Begin are the handler's to end).
+// begins with tx.Begin are the handler's to end), and a ROLLBACK or COMMIT
+// it sends as SQL fails the delivery: the statements after it are refused
+// (each would commit on its own), and it is never answered processed.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // Config configures a Processor. The zero value (or nil) gives the defaults.
@@ -252,7 +254,9 @@ func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Resul
 // work and leaves tx usable. It does not retry, and it does not ask
 // Process's duplicate filter; everything else, deferred writes included, is
 // as in Process. The caller must not acknowledge the event before tx
-// commits.
+// commits. An error that matches ErrTxUnusable means tx cannot be used any
+// more (its savepoint could not be rolled back, or h ended tx with a
+// ROLLBACK or COMMIT sent as SQL): roll it back.
 func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err

@@ -109,7 +109,9 @@ func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 // commits or rolls back with the caller's transaction. It never retries and
 // never commits tx. The savepoint is a round trip of its own before fn's
 // first statement, and the writes fn sends through Deferred travel with its
-// release.
+// release. An error that matches ErrTxUnusable means tx cannot be used any
+// more (the savepoint could not be rolled back, or fn ended tx with a
+// ROLLBACK or COMMIT sent as SQL): roll it back.
 func RunNestedTx(ctx context.Context, tx pgx.Tx, fn TxFunc) error {
 	return engine.Run(ctx, engine.Savepoint(tx), (*TxOptions)(nil).engine(), engine.Spec{Body: fn})
 }
