@@ -143,3 +143,34 @@ func TestBodyEndingCallersTransaction(t *testing.T) {
 		t.Errorf("%d effects committed", n)
 	}
 }
+
+// TestRowsOfFirstBatchOpenIsNotEnded: while the rows of a first Query
+// (travelling with BEGIN) are still being read, the connection has not
+// reported the transaction yet: a statement sent then gets pgx's own
+// answer, not the ended transaction's, and the run commits.
+func TestRowsOfFirstBatchOpenIsNotEnded(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var busy error
+	err := runTx(t.Context(), e.pool, func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT g FROM generate_series(1, 2) g")
+		if err != nil {
+			return err
+		}
+		_, busy = tx.Exec(ctx, "SELECT 1")
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return insertEffect("rows-open")(ctx, tx)
+	})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if busy == nil || strings.Contains(busy.Error(), "ended its transaction") {
+		t.Errorf("a statement while the first batch's rows are open: %v, want pgx's busy connection", busy)
+	}
+	if n := e.effects(t, "rows-open"); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+}

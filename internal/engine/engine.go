@@ -126,7 +126,14 @@ type Spec struct {
 // BEGIN failed before anything was applied. A savepoint run is tried once
 // and released, never committed; when its savepoint cannot be rolled back
 // after a failure, the error says that the caller's transaction is not
-// usable.
+// usable (ErrTxUnusable).
+//
+// A body that ends the transaction itself, with ROLLBACK or COMMIT sent as
+// SQL, fails the run: the connection reports its transaction status with
+// every answer, and once it is outside a transaction the body's later
+// statements are refused (each would commit on its own) and nothing is
+// committed as the run's. Under a savepoint the transaction that ended is
+// the caller's, and the error matches ErrTxUnusable.
 //
 // ctx bounds BEGIN, the first step, the body and the body's deferred
 // statements: once ctx has ended, nothing the body deferred is sent and the

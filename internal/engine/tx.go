@@ -73,13 +73,18 @@ func (t *Tx) cause() error {
 // behind the engine's back: the statements after it would each commit on
 // their own. The connection reports its transaction status with every
 // answer, so asking costs no round trip. A closed connection is left to its
-// statements' errors.
+// statements' errors, and a busy one (the rows of the first batch still
+// being read) has not reported yet.
 func (t *Tx) ended() bool {
 	if !t.open || t.under == nil {
 		return false
 	}
 	c := t.under.Conn()
-	return c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I'
+	if c == nil || c.IsClosed() {
+		return false
+	}
+	pc := c.PgConn()
+	return !pc.IsBusy() && pc.TxStatus() == 'I'
 }
 
 // direct reports whether a statement can go straight to the transaction,
