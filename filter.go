@@ -37,13 +37,12 @@ const (
 //     duplicates. The read pays when f is over one half. Deliveries the
 //     memory answers reach no database and are not counted.
 //
-// The read goes through the engine (engine.Autocommit) on read, the
-// Processor's database; a nil read turns it off (a Beginner that only
-// begins transactions, on which it would cost a transaction). A nil memory
+// The read goes through the engine (engine.Exec) on read, the Processor's
+// database; a nil read turns it off (a Beginner that only begins
+// transactions, on which it would cost a transaction). A nil memory
 // remembers nothing.
 type dupFilter struct {
-	read   engine.Beginner
-	run    engine.Options
+	read   engine.Querier
 	share  dupShare
 	memory *recentKeys
 }
@@ -58,7 +57,7 @@ func (f *dupFilter) answer(ctx context.Context, ev Event) (Result, bool, error) 
 		return Result{}, false, nil
 	}
 	var status string
-	err := engine.Autocommit(ctx, f.read, f.run, func(ctx context.Context, q engine.Querier) error {
+	err := engine.Exec(ctx, f.read, func(ctx context.Context, q engine.Querier) error {
 		var err error
 		status, err = db.New(q).EventStatus(ctx, db.EventStatusParams{Source: ev.Source, EventKey: ev.Key})
 		return err

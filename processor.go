@@ -202,21 +202,17 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.RecentKeysTTL == 0 {
 		c.RecentKeysTTL = DefaultRecentKeysTTL
 	}
-	run := c.Tx.engine()
-	var read engine.Beginner // the filter's read; off on a database that only begins transactions
-	if _, ok := db.(engine.Querier); ok {
-		read = db
-	}
+	read, _ := db.(engine.Querier) // the filter's read; off on a database that only begins transactions
 	return &Processor{
 		db:              db,
-		run:             run,
+		run:             c.Tx.engine(),
 		lockTimeout:     fmt.Sprintf("%dms", max(c.LockTimeout.Milliseconds(), 1)),
 		inFlightWait:    c.InFlightRetryAfter,
 		maxKeyLen:       c.MaxKeyLen,
 		storePayload:    c.StorePayload,
 		dedupeWithFirst: c.DedupeWithFirstStatement,
 		crash:           newCrasherFromEnv(),
-		filter:          dupFilter{read: read, run: run, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		filter:          dupFilter{read: read, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 	}, nil
 }
 

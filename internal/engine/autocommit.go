@@ -12,25 +12,31 @@ import (
 
 // Autocommit runs fn, which sends one statement through q, outside any
 // transaction: the statement commits on its own as it runs, in one round
-// trip (lease mode's claim, renewal and release, the duplicate filter's
-// read). On a pool it runs on a connection of its own, and a connection the
-// server had ended before the statement ran (pg_terminate_backend, a
-// restart) is replaced once and the statement sent again, as Run replaces
-// it for a first batch; on a connection, or on a Beginner that also runs
-// statements, it runs there; on a Beginner that only begins transactions,
-// in a transaction of Run's, with o.
-//
-// A database that cannot be used gives an *UnavailableError; any other
-// error is fn's.
+// trip (lease mode's claim, renewal and release). On a database that runs
+// statements (a pool, a connection, a wrapper with Exec, Query and
+// QueryRow) it is Exec; on a Beginner that only begins transactions, fn
+// runs in a transaction of Run's, with o.
 func Autocommit(ctx context.Context, db Beginner, o Options, fn func(ctx context.Context, q Querier) error) error {
+	if q, ok := db.(Querier); ok {
+		return Exec(ctx, q, fn)
+	}
+	return Run(ctx, Begin(db), o, Spec{Body: func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx) }})
+}
+
+// Exec runs fn, which sends one statement through q, on db, outside any
+// transaction (see Autocommit; the duplicate filter's read calls it
+// directly). On a pool the statement runs on a connection of its own, and
+// a connection the server had ended before the statement ran
+// (pg_terminate_backend, a restart) is replaced once and the statement sent
+// again, as Run replaces it for a first batch. A database that cannot be
+// used gives an *UnavailableError; any other error is fn's. fn does not
+// escape: a caller's closure stays on its stack.
+func Exec(ctx context.Context, db Querier, fn func(ctx context.Context, q Querier) error) error {
 	var err error
-	switch d := db.(type) {
-	case *pgxpool.Pool:
-		err = onPool(ctx, d, fn)
-	case Querier:
-		err = fn(ctx, d)
-	default:
-		return Run(ctx, Begin(db), o, Spec{Body: func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx) }})
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		err = onPool(ctx, pool, fn)
+	} else {
+		err = fn(ctx, db)
 	}
 	if err != nil && Unreachable(err) {
 		return &UnavailableError{Err: err}

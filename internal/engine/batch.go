@@ -71,7 +71,7 @@ func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, 
 	t.open = true
 	stmts := t.queue
 	t.queue = nil
-	br, closed, err := t.s.sendBegin(ctx, func(b *pgx.Batch) {
+	br, closed, err := t.sendBegin(ctx, func(b *pgx.Batch) {
 		for _, s := range stmts {
 			b.Queue(s.sql, s.args...)
 		}
@@ -83,7 +83,7 @@ func (t *Tx) queryFirst(ctx context.Context, sql string, args []any) (pgx.Rows, 
 	if failed := readAll(br, stmts); failed >= 0 {
 		br.Close()
 		if _, ok := errors.AsType[pgx.ErrPreprocessingBatch](stmts[failed].err); ok {
-			// BEGIN was not in the batch (see strategy.sendBegin): pgx
+			// BEGIN was not in the batch (see Tx.sendBegin): pgx
 			// refused the batch.
 			return nil, t.queryRefused(stmts, stmts[failed].err, t.connClosed())
 		}

@@ -16,7 +16,7 @@ type beginnerTx struct {
 	opts pgx.TxOptions
 }
 
-// sendBegin implements strategy. A BeginTx that failed because the
+// sendBegin is Tx.sendBegin. A BeginTx that failed because the
 // database could not be used (the wrapper met a connection the server had
 // ended) is tried once more: nothing was sent.
 func (b *beginnerTx) sendBegin(ctx context.Context, queue func(b *pgx.Batch)) (pgx.BatchResults, bool, error) {

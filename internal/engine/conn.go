@@ -19,7 +19,7 @@ type connTx struct {
 	pooled *pgxpool.Conn // the connection acquired from a pool; released at the end
 }
 
-// sendBegin implements strategy. When the batch fails to begin, a pooled
+// sendBegin is Tx.sendBegin. When the batch fails to begin, a pooled
 // connection goes back (or, closed, out of the pool), and a session the
 // server had ended before the batch is replaced once: nothing of the batch
 // ran on it, so it is sent again on another connection. A statement pgx

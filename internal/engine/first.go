@@ -55,7 +55,7 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 // statement's result in it.
 func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
 	bounded := first != nil && len(extra) > 0 && t.first.bound != ""
-	br, closed, err := t.s.sendBegin(ctx, func(b *pgx.Batch) {
+	br, closed, err := t.sendBegin(ctx, func(b *pgx.Batch) {
 		if bounded {
 			b.Queue(boundSQL, t.first.bound)
 		}
@@ -78,7 +78,7 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 	t.readFirst(br, bounded, first, extra)
 	// When BEGIN was not in the batch (after a SAVEPOINT or a Beginner's
 	// BeginTx of its own), pgx's refusal of the batch is the answer of its
-	// first statement (see strategy.sendBegin).
+	// first statement (see Tx.sendBegin).
 	head := first
 	if head == nil && len(extra) > 0 {
 		head = &extra[0]

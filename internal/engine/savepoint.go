@@ -49,7 +49,7 @@ func (s *savepointTx) name() string {
 	return "txhook_" + strconv.Itoa(s.depth)
 }
 
-// sendBegin implements strategy: SAVEPOINT in a round trip of its own,
+// sendBegin is Tx.sendBegin: SAVEPOINT in a round trip of its own,
 // then the batch of what queue adds, whose results are all the caller's to
 // read. pgx may send a batch's statements to be prepared before the batch
 // itself, and a statement the server refuses then aborts the caller's

@@ -17,16 +17,9 @@ import (
 //   - savepointTx, in the caller's transaction: SAVEPOINT is a round trip of
 //     its own, before the first batch, and RELEASE SAVEPOINT travels with
 //     the deferred statements.
+//
+// Each type also has its sendBegin, which Tx.sendBegin calls.
 type strategy interface {
-	// sendBegin sends the first batch: what queue adds, after BEGIN or
-	// SAVEPOINT as the strategy needs, in one round trip where it can, and
-	// reads BEGIN's result; the rest of br is the caller's to read. It sets
-	// the Tx's under. When it fails, closed reports whether the connection
-	// was found closed. A statement pgx refused (one that cannot be
-	// prepared, arguments that cannot be encoded) fails it when BEGIN was
-	// in the batch, and is otherwise the answer of the batch's first
-	// statement.
-	sendBegin(ctx context.Context, queue func(b *pgx.Batch)) (br pgx.BatchResults, closed bool, err error)
 	// commit ends the transaction with its deferred statements (see
 	// Tx.commitStart), under bctx, the body's context, or cctx, the
 	// finish's, and returns the classified error of a COMMIT (commitError).
@@ -65,4 +58,25 @@ func batchBegins(d Beginner) bool {
 		return true
 	}
 	return false
+}
+
+// sendBegin sends the first batch: what queue adds, after BEGIN or
+// SAVEPOINT as t's strategy needs, in one round trip where it can, and
+// reads BEGIN's result; the rest of br is the caller's to read. It sets
+// t.under. When it fails, closed reports whether the connection was found
+// closed. A statement pgx refused (one that cannot be prepared, arguments
+// that cannot be encoded) fails it when BEGIN was in the batch, and is
+// otherwise the answer of the batch's first statement.
+//
+// It calls the strategy's own method, not one of the strategy interface:
+// through an interface, queue and the statements it captures would move to
+// the heap, two allocations on every run.
+func (t *Tx) sendBegin(ctx context.Context, queue func(b *pgx.Batch)) (br pgx.BatchResults, closed bool, err error) {
+	switch s := t.s.(type) {
+	case *connTx:
+		return s.sendBegin(ctx, queue)
+	case *beginnerTx:
+		return s.sendBegin(ctx, queue)
+	}
+	return t.s.(*savepointTx).sendBegin(ctx, queue)
 }
