@@ -7,40 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/testdb"
 )
-
-// onlyBegins is a database wrapper (as an instrumented or multi-tenant
-// wrapper would be) that only begins transactions: a Processor on it cannot
-// pipeline and takes the path for such databases.
-type onlyBegins struct{ pool *pgxpool.Pool }
-
-func (w onlyBegins) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
-	return w.pool.BeginTx(ctx, o)
-}
-
-// beginsAndRuns is a wrapper that also runs statements directly, as
-// tracing wrappers do: still not a pool or a connection.
-type beginsAndRuns struct{ pool *pgxpool.Pool }
-
-func (w beginsAndRuns) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
-	return w.pool.BeginTx(ctx, o)
-}
-
-func (w beginsAndRuns) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return w.pool.Exec(ctx, sql, args...)
-}
-
-func (w beginsAndRuns) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return w.pool.Query(ctx, sql, args...)
-}
-
-func (w beginsAndRuns) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return w.pool.QueryRow(ctx, sql, args...)
-}
 
 // wrappers are the databases of the wrapper tests, each with the Config
 // options that touch the pipelined path (they must change nothing here).
@@ -54,15 +25,10 @@ func wrappers(pool *pgxpool.Pool) []struct {
 		db   txhook.Beginner
 		cfg  txhook.Config
 	}{
-		{"begin only", onlyBegins{pool}, txhook.Config{RecentKeys: -1}},
-		{"begin only, dedupe with first statement", onlyBegins{pool}, txhook.Config{RecentKeys: -1, DedupeWithFirstStatement: true}},
-		{"with statements", beginsAndRuns{pool}, txhook.Config{RecentKeys: -1}},
+		{"begin only", testdb.OnlyBegins{Pool: pool}, txhook.Config{RecentKeys: -1}},
+		{"begin only, dedupe with first statement", testdb.OnlyBegins{Pool: pool}, txhook.Config{RecentKeys: -1, DedupeWithFirstStatement: true}},
+		{"with statements", testdb.BeginsAndRuns{Pool: pool}, txhook.Config{RecentKeys: -1}},
 	}
-}
-
-func (b *bundle) keyRows(t *testing.T, key string) int {
-	t.Helper()
-	return b.count(t, "SELECT count(*) FROM txhook_processed_events WHERE event_key = $1", key)
 }
 
 // TestWrapperPermanentFailureRecorded: through a database wrapper, a

@@ -55,8 +55,8 @@ func TestAutocommitOnEveryDatabase(t *testing.T) {
 		want [][]string
 	}{
 		{"pool", pool, single},
-		{"with statements", beginsAndRuns{pool}, single},
-		{"begin only", onlyBegins{pool}, [][]string{{"begin"}, {insertEffectSQL}, {"commit"}}},
+		{"with statements", testdb.BeginsAndRuns{Pool: pool}, single},
+		{"begin only", testdb.OnlyBegins{Pool: pool}, [][]string{{"begin"}, {insertEffectSQL}, {"commit"}}},
 	} {
 		tr.Take()
 		if err := engine.Autocommit(t.Context(), c.db, opts, insertOne(c.name)); err != nil {
@@ -78,11 +78,7 @@ func TestAutocommitOnEveryDatabase(t *testing.T) {
 func TestAutocommitReplacesEndedConnection(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	pool, err := pgxpool.New(t.Context(), e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := e.ownPool(t)
 	if err := engine.Autocommit(t.Context(), pool, opts, insertOne("warm")); err != nil {
 		t.Fatal(err)
 	}
@@ -135,11 +131,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("dropped database", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		pool, err := pgxpool.New(t.Context(), e.db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
+		pool := e.ownPool(t)
 		delivery{}.must(t, pool, "evt_warm", insertEffect("evt_warm"), processed)
 		admin, err := pgx.Connect(t.Context(), testdb.ServerURL(t))
 		if err != nil {
@@ -154,10 +146,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("closed pool", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		pool, err := pgxpool.New(t.Context(), e.db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pool := e.ownPool(t)
 		delivery{}.must(t, pool, "evt_warm", insertEffect("evt_warm"), processed)
 		pool.Close()
 		check(t, pool)

@@ -7,40 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook/internal/engine"
+	"github.com/txhook/txhook/internal/testdb"
 )
-
-// onlyBegins is a database wrapper (as an instrumented or multi-tenant
-// wrapper would be) that only begins transactions: a run on it takes the
-// beginnerTx strategy.
-type onlyBegins struct{ pool *pgxpool.Pool }
-
-func (w onlyBegins) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
-	return w.pool.BeginTx(ctx, o)
-}
-
-// beginsAndRuns is a wrapper that also runs statements directly, as
-// tracing wrappers do: still not a pool or a connection.
-type beginsAndRuns struct{ pool *pgxpool.Pool }
-
-func (w beginsAndRuns) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
-	return w.pool.BeginTx(ctx, o)
-}
-
-func (w beginsAndRuns) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return w.pool.Exec(ctx, sql, args...)
-}
-
-func (w beginsAndRuns) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return w.pool.Query(ctx, sql, args...)
-}
-
-func (w beginsAndRuns) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return w.pool.QueryRow(ctx, sql, args...)
-}
 
 // wrappers are the databases of the wrapper tests, each with the delivery
 // options that touch the pipelined path (they must change nothing here).
@@ -54,9 +25,9 @@ func wrappers(pool *pgxpool.Pool) []struct {
 		db   engine.Beginner
 		d    delivery
 	}{
-		{"begin only", onlyBegins{pool}, delivery{}},
-		{"begin only, with first statement", onlyBegins{pool}, delivery{withFirst: true}},
-		{"with statements", beginsAndRuns{pool}, delivery{}},
+		{"begin only", testdb.OnlyBegins{Pool: pool}, delivery{}},
+		{"begin only, with first statement", testdb.OnlyBegins{Pool: pool}, delivery{withFirst: true}},
+		{"with statements", testdb.BeginsAndRuns{Pool: pool}, delivery{}},
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txhook/txhook/internal/engine"
 	"github.com/txhook/txhook/internal/testdb"
@@ -123,11 +122,7 @@ func TestEndedPooledConnectionIsReplaced(t *testing.T) {
 		t.Run(fmt.Sprintf("WithFirstStatement=%v", first), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			pool, err := pgxpool.New(t.Context(), e.db.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
+			pool := e.ownPool(t)
 			d := delivery{withFirst: first, opts: &once}
 			d.must(t, pool, "evt_warm", insertEffect("evt_warm"), processed)
 			testdb.EndSessions(t, e.db.URL)
@@ -135,7 +130,7 @@ func TestEndedPooledConnectionIsReplaced(t *testing.T) {
 
 			d.must(t, pool, "evt_warm_again", insertEffect("evt_warm_again"), processed)
 			testdb.EndSessions(t, e.db.URL)
-			err = engine.Run(t.Context(), engine.Begin(pool), once, engine.Spec{Body: insertEffect("run-tx")})
+			err := engine.Run(t.Context(), engine.Begin(pool), once, engine.Spec{Body: insertEffect("run-tx")})
 			if err != nil {
 				t.Fatalf("a run without a first step after the sessions ended: %v", err)
 			}

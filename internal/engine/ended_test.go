@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook/internal/engine"
+	"github.com/txhook/txhook/internal/testdb"
 )
 
 // endThenWrite is a body that ends its transaction with end sent as SQL
@@ -41,7 +42,7 @@ func TestBodyEndingItsTransaction(t *testing.T) {
 	for _, db := range []struct {
 		name string
 		db   engine.Beginner
-	}{{"pool", e.pool}, {"begin only", onlyBegins{e.pool}}} {
+	}{{"pool", e.pool}, {"begin only", testdb.OnlyBegins{Pool: e.pool}}} {
 		for _, end := range []string{"ROLLBACK", "COMMIT"} {
 			for _, first := range []bool{false, true} {
 				for _, deferred := range []bool{false, true} {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook/internal/engine"
+	"github.com/txhook/txhook/internal/testdb"
 )
 
 // TestFirstStepSharesRoundTripWithBegin: BEGIN and the first step travel in
@@ -234,7 +235,7 @@ func TestWithFirstStatementOtherFirstCalls(t *testing.T) {
 	wantTrips(t, tr, "Query first", [][]string{{"begin", "InsertEvent"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
 
 	pool2, tr2 := e.traced(t)
-	d.must(t, onlyBegins{pool2}, "evt_eager_wrapped", insertEffect("evt_eager_wrapped"), processed)
+	d.must(t, testdb.OnlyBegins{Pool: pool2}, "evt_eager_wrapped", insertEffect("evt_eager_wrapped"), processed)
 	wantTrips(t, tr2, "a Beginner that begins on its own", [][]string{
 		{"begin"}, {"LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"commit"},
 	})

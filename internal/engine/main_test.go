@@ -41,6 +41,18 @@ func setup(t *testing.T) *env {
 	return &env{db: d, pool: d.Pool}
 }
 
+// ownPool returns a pool of its own to e's database (the test's pool is
+// e.pool), closed when the test ends.
+func (e *env) ownPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func (e *env) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
