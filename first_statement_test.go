@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,5 +59,25 @@ func TestDedupeWithFirstStatementPermanentWithoutStatements(t *testing.T) {
 	mustProcess(t, p, event("evt_nothing"), bad, txhook.OutcomeDuplicate)
 	if n := b.count(t, "SELECT count(*) FROM txhook_processed_events WHERE event_key = 'evt_bad' AND status = 'failed'"); n != 1 {
 		t.Errorf("failed rows for evt_bad = %d, want 1", n)
+	}
+}
+
+// TestDedupeWithFirstStatementInFlightRetryAfter: under
+// DedupeWithFirstStatement a key held by an uncommitted delivery is in
+// flight with a Retry-After. (That the handler's statement gets ErrNotNew
+// and nothing of it commits is internal/engine's
+// TestWithFirstStatementInFlight.)
+func TestDedupeWithFirstStatementInFlightRetryAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p, _ := eager(t, b, txhook.Config{LockTimeout: 100 * time.Millisecond})
+	ev := event("evt_eager_held")
+	holder := holdKey(t, b.processor(t, nil), ev, false)
+	res := mustProcess(t, p, ev, insertEffect, txhook.OutcomeInFlight)
+	if err := holder.finish(t); err != nil {
+		t.Fatal(err)
+	}
+	if res.RetryAfter <= 0 {
+		t.Errorf("RetryAfter = %v, want > 0", res.RetryAfter)
 	}
 }
