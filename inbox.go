@@ -76,8 +76,9 @@ func (p *Processor) Accept(ctx context.Context, ev Event, g *ReplayGuard, enqueu
 
 // AcceptTx is Accept inside tx, a transaction the caller owns, under a
 // savepoint: the row and the job commit when the caller commits tx, and a
-// duplicate or an error rolls back only Accept's own work. The caller must
-// not acknowledge the event before tx commits.
+// duplicate or an error rolls back only Accept's own work, unless the error
+// matches ErrTxUnusable (see ProcessTx). The caller must not acknowledge the
+// event before tx commits.
 func (p *Processor) AcceptTx(ctx context.Context, tx pgx.Tx, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
 	return p.accept(ctx, engine.Savepoint(tx), ev, g, enqueue)
 }
@@ -124,7 +125,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 		}
 	}
-	return Result{}, apiError(err)
+	return Result{}, err
 }
 
 // sqlstateKeyExists is the SQLSTATE with which txhook_queue_event_with_job
@@ -271,7 +272,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 	case errors.Is(err, errRollback):
 		return res, nil
 	}
-	return p.queuedTryFailed(ctx, j, row.EventType, apiError(err))
+	return p.queuedTryFailed(ctx, j, row.EventType, err)
 }
 
 // queuedTryFailed settles a try of j that failed with err: a database fault
@@ -440,7 +441,7 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		return p.settledOrHeld(ctx, j)
 	}
 	if err != nil {
-		return Result{}, directError(fmt.Errorf("claim queued event: %w", err))
+		return Result{}, fmt.Errorf("claim queued event: %w", err)
 	}
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
@@ -479,7 +480,7 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 		Body: func(ctx context.Context, tx pgx.Tx) error { return j.complete(ctx, tx) },
 	})
 	if err != nil && !errors.Is(err, errRollback) {
-		return Result{}, apiError(err)
+		return Result{}, err
 	}
 	return res, nil
 }
@@ -514,7 +515,7 @@ func (p *Processor) FailStuck(ctx context.Context, riverSchema string, sources [
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("fail stuck events: %w", directError(err))
+		return nil, fmt.Errorf("fail stuck events: %w", err)
 	}
 	out := make([]EventRecord, len(rows))
 	for i, r := range rows {

@@ -144,7 +144,6 @@ func (r *Replayer) Replay(ctx context.Context, source, key string) (Result, erro
 			return err
 		},
 	})
-	err = apiError(err)
 	switch {
 	case err == nil:
 		return res, nil
