@@ -44,6 +44,9 @@
 //
 // A database that cannot be used (unreachable, dropped, a closed pool)
 // gives ErrUnavailable; the HTTP endpoint answers it 503 with Retry-After.
+// A call under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
+// RunNestedTx) that left that transaction unusable gives ErrTxUnusable: the
+// caller rolls it back.
 //
 // # Lease mode
 //

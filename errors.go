@@ -20,9 +20,6 @@ var (
 	ErrNULByte      = errors.New("txhook: NUL byte")
 )
 
-// ErrCommitUnknown is matched (errors.Is) by a *CommitUnknownError.
-var ErrCommitUnknown = errors.New("txhook: commit outcome unknown")
-
 // ValidationError reports which field of an Event was rejected and why.
 type ValidationError struct {
 	// Field is "source", "key" or "type".
@@ -43,25 +40,17 @@ func (e *ValidationError) Unwrap() error { return e.Err }
 // Is makes every ValidationError match ErrInvalidEvent.
 func (e *ValidationError) Is(target error) bool { return target == ErrInvalidEvent }
 
+// ErrCommitUnknown is matched (errors.Is) by a *CommitUnknownError.
+var ErrCommitUnknown = engine.ErrCommitUnknown
+
 // CommitUnknownError is returned when the connection failed while COMMIT was
 // in flight: the transaction may or may not have committed. It is never
 // retried by the runner. Callers answering a provider must not acknowledge
 // the event: the provider's retry then finds either the committed key (a
-// duplicate) or nothing (and processes the event), so nothing is lost.
-type CommitUnknownError struct {
-	Err error
-}
-
-// Error describes the unknown outcome and its cause.
-func (e *CommitUnknownError) Error() string {
-	return "txhook: commit outcome unknown: " + e.Err.Error()
-}
-
-// Unwrap returns the connection error.
-func (e *CommitUnknownError) Unwrap() error { return e.Err }
-
-// Is makes every CommitUnknownError match ErrCommitUnknown.
-func (e *CommitUnknownError) Is(target error) bool { return target == ErrCommitUnknown }
+// duplicate) or nothing (and processes the event), so nothing is lost. Its
+// field Err is the connection's error, which Unwrap returns; every
+// CommitUnknownError matches ErrCommitUnknown.
+type CommitUnknownError = engine.CommitUnknownError
 
 // PermanentError marks a handler error that retrying cannot fix (an event the
 // application can never process, such as one for an unknown account). The
@@ -93,7 +82,7 @@ func IsPermanent(err error) bool {
 }
 
 // ErrUnavailable is matched (errors.Is) by an *UnavailableError.
-var ErrUnavailable = errors.New("txhook: database unavailable")
+var ErrUnavailable = engine.ErrUnavailable
 
 // UnavailableError is returned when the database could not be used: it
 // could not be reached, it does not exist, the pool is closed, or the
@@ -101,21 +90,19 @@ var ErrUnavailable = errors.New("txhook: database unavailable")
 // Callers answering a provider ask it to retry later (an HTTP endpoint
 // answers 503 with Retry-After). A pooled connection that the server had
 // ended before the delivery sent anything is replaced once, at no cost to
-// the caller, before this error is returned.
-type UnavailableError struct {
-	Err error
-}
+// the caller, before this error is returned. Its field Err is the cause,
+// which Unwrap returns; every UnavailableError matches ErrUnavailable.
+type UnavailableError = engine.UnavailableError
 
-// Error describes the failure and its cause.
-func (e *UnavailableError) Error() string {
-	return "txhook: database unavailable: " + e.Err.Error()
-}
-
-// Unwrap returns the cause.
-func (e *UnavailableError) Unwrap() error { return e.Err }
-
-// Is makes every UnavailableError match ErrUnavailable.
-func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+// ErrTxUnusable is matched (errors.Is) by the error of a call that ran
+// under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
+// RunNestedTx) and left that transaction in a state nobody knows: the
+// savepoint could not be rolled back after the call failed, or a statement
+// of the handler ended the caller's transaction (ROLLBACK or COMMIT sent as
+// SQL, after which the caller's statements would each commit on their
+// own). The caller must roll its transaction back and must not acknowledge
+// the events it carried.
+var ErrTxUnusable = engine.ErrTxUnusable
 
 // ErrNotNew is what a handler's statements return under
 // Config.DedupeWithFirstStatement when the dedupe step, sent with the first

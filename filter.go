@@ -37,8 +37,10 @@ const (
 //     duplicates. The read pays when f is over one half. Deliveries the
 //     memory answers reach no database and are not counted.
 //
-// A nil reader turns the read off (a Beginner that only begins
-// transactions); a nil memory remembers nothing.
+// The read goes through the engine (engine.Exec) on read, the Processor's
+// database; a nil read turns it off (a Beginner that only begins
+// transactions, on which it would cost a transaction). A nil memory
+// remembers nothing.
 type dupFilter struct {
 	read   engine.Querier
 	share  dupShare
@@ -54,12 +56,17 @@ func (f *dupFilter) answer(ctx context.Context, ev Event) (Result, bool, error) 
 	if f.read == nil || !f.share.mostly() {
 		return Result{}, false, nil
 	}
-	status, err := db.New(f.read).EventStatus(ctx, db.EventStatusParams{Source: ev.Source, EventKey: ev.Key})
+	var status string
+	err := engine.Exec(ctx, f.read, func(ctx context.Context, q engine.Querier) error {
+		var err error
+		status, err = db.New(q).EventStatus(ctx, db.EventStatusParams{Source: ev.Source, EventKey: ev.Key})
+		return err
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Result{}, false, nil
 	case err != nil:
-		return Result{}, true, directError(fmt.Errorf("look up event key: %w", err))
+		return Result{}, true, fmt.Errorf("look up event key: %w", err)
 	case status == statusInProgress:
 		return Result{}, false, nil // the transaction's dedupe step answers
 	}

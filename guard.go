@@ -160,14 +160,14 @@ func (g *ReplayGuard) claimGuarded(ctx context.Context, p *Processor, ev Event, 
 	}
 	o := p.run
 	o.Tx.IsoLevel = pgx.ReadCommitted // the lookup must see what committed while it waited
-	return apiError(engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
+	return engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
 		// A wait past the bound keeps its SQLSTATE, which lease mode
 		// answers as in flight like a wait in the claim itself.
 		if err := g.check(ctx, tx, ev); err != nil {
 			return err
 		}
 		return fn(ctx, db.New(tx))
-	}}))
+	}})
 }
 
 // sqlstateReplayWait is the SQLSTATE with which txhook_find_replay answers

@@ -59,3 +59,9 @@ func TestHandlerTransaction(t *testing.T) {
 		}
 	}
 }
+
+// deferNote queues an effect row with note through txhook.Deferred.
+func deferNote(ctx context.Context, tx pgx.Tx, key, note string) error {
+	_, err := txhook.Deferred(tx).Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, $2)", key, note)
+	return err
+}

@@ -101,7 +101,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 		}
 	}
-	return Result{}, apiError(err)
+	return Result{}, err
 }
 
 // sqlstateKeyExists is the SQLSTATE with which txhook_queue_event_with_job
@@ -247,7 +247,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error
 	case errors.Is(err, errLeaseApply):
 		return p.applyQueuedLease(ctx, j, lease)
 	}
-	return p.queuedTryFailed(ctx, j, row.EventType, apiError(err))
+	return p.queuedTryFailed(ctx, j, row.EventType, err)
 }
 
 // errLeaseApply stops ApplyQueued's transaction for an event whose route is
@@ -408,7 +408,7 @@ func (p *Processor) applyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		return p.settledOrHeld(ctx, j)
 	}
 	if err != nil {
-		return Result{}, directError(fmt.Errorf("claim queued event: %w", err))
+		return Result{}, fmt.Errorf("claim queued event: %w", err)
 	}
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
@@ -446,7 +446,7 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 		Body: func(context.Context, pgx.Tx) error { return nil },
 	})
 	if err != nil && !errors.Is(err, errRollback) {
-		return Result{}, apiError(err)
+		return Result{}, err
 	}
 	return res, nil
 }
@@ -483,7 +483,7 @@ func (p *Processor) FailStuck(ctx context.Context, riverSchema string, sources [
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("fail stuck events: %w", directError(err))
+		return nil, fmt.Errorf("fail stuck events: %w", err)
 	}
 	out := make([]EventRecord, len(rows))
 	for i, r := range rows {

@@ -178,7 +178,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 	case isLockTimeout(err):
 		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 	case err != nil:
-		return Result{}, directError(fmt.Errorf("claim event: %w", err))
+		return Result{}, fmt.Errorf("claim event: %w", err)
 	case !row.Claimed && row.Status == statusInProgress:
 		return Result{Outcome: OutcomeInFlight, RetryAfter: roundUpSeconds(time.Duration(row.RetryAfterMs) * time.Millisecond)}, nil
 	case !row.Claimed:
@@ -260,7 +260,6 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 		},
 		BeforeCommit: func() { p.crash.at(CrashLeaseBeforeCommit) },
 	})
-	err = apiError(err)
 	switch {
 	case err == nil:
 		p.crash.at(CrashLeaseAfterCommit)
@@ -343,16 +342,12 @@ func (p *Processor) leaseFailed(ctx context.Context, c Claim, payload []byte, he
 	return Result{}, fmt.Errorf("handle event: %w", herr)
 }
 
-// autocommit runs fn's statements on their own: directly on the pool or
-// connection when p's database can run statements, in a transaction
-// otherwise.
+// autocommit runs fn's statement on its own, outside any transaction when
+// p's database can run statements (see engine.Autocommit).
 func (p *Processor) autocommit(ctx context.Context, fn func(ctx context.Context, q *db.Queries) error) error {
-	if p.direct != nil {
-		return fn(ctx, db.New(p.direct))
-	}
-	return apiError(engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
-		return fn(ctx, db.New(tx))
-	}}))
+	return engine.Autocommit(ctx, p.db, p.run, func(ctx context.Context, q engine.Querier) error {
+		return fn(ctx, db.New(q))
+	})
 }
 
 // leaseKeeper holds a claim while phase one runs: it gives the work a context

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -75,7 +76,9 @@ type Result struct {
 // retried after a serialization failure or deadlock, so it must not have
 // effects outside tx (use lease mode for those). txhook commits or rolls
 // back tx: its Commit and Rollback return an error (savepoints the handler
-// begins with tx.Begin are the handler's to end).
+// begins with tx.Begin are the handler's to end), and a ROLLBACK or COMMIT
+// it sends as SQL fails the delivery: the statements after it are refused
+// (each would commit on its own), and it is never answered processed.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // Config configures a Processor. The zero value (or nil) gives the defaults.
@@ -181,15 +184,10 @@ type Processor struct {
 	storePayload    bool
 	dedupeWithFirst bool // Config.DedupeWithFirstStatement
 	crash           crasher
-	// direct runs statements outside any transaction (the filter's read,
-	// lease mode's claim and release); nil when db only begins
-	// transactions: the read is then off and lease mode's statements run
-	// in transactions of their own.
-	direct engine.Querier
-	filter dupFilter
-	routes *Routes
-	queue  atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
-	log    *slog.Logger
+	filter          dupFilter
+	routes          *Routes
+	queue           atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
+	log             *slog.Logger
 }
 
 // NewProcessor returns a Processor that runs transactions on db, usually a
@@ -224,7 +222,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	direct, _ := db.(engine.Querier)
+	read, _ := db.(engine.Querier) // the filter's read; off on a database that only begins transactions
 	return &Processor{
 		db:              db,
 		run:             c.Tx.engine(),
@@ -234,8 +232,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		storePayload:    c.StorePayload,
 		dedupeWithFirst: c.DedupeWithFirstStatement,
 		crash:           newCrasherFromEnv(),
-		direct:          direct,
-		filter:          dupFilter{read: direct, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		filter:          dupFilter{read: read, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 		routes:          c.Routes,
 		log:             c.Logger,
 	}, nil
@@ -281,7 +278,9 @@ func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc, lastAt
 // work and leaves tx usable. It does not retry, and it does not ask
 // Process's duplicate filter; everything else, deferred writes included, is
 // as in Process. The caller must not acknowledge the event before tx
-// commits.
+// commits. An error that matches ErrTxUnusable means tx cannot be used any
+// more (its savepoint could not be rolled back, or h ended tx with a
+// ROLLBACK or COMMIT sent as SQL): roll it back.
 func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h HandlerFunc) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
@@ -330,7 +329,6 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 	case IsPermanent(err):
 		return p.recordFailed(ctx, at, ev, err)
 	}
-	err = apiError(err)
 	if herr != nil && errors.Is(err, herr) {
 		if last := onLastAttempt(lastAttempt); last != nil && IsPermanent(last(err)) {
 			return p.recordFailed(ctx, at, ev, err)
@@ -390,7 +388,7 @@ func (p *Processor) recordFailed(ctx context.Context, at engine.Target, ev Event
 		return err
 	}})
 	if err != nil {
-		return Result{}, apiError(fmt.Errorf("record failed event: %w", errors.Join(err, perr)))
+		return Result{}, fmt.Errorf("record failed event: %w", errors.Join(err, perr))
 	}
 	if n == 0 {
 		// Another delivery committed the key in the meantime.
@@ -450,7 +448,7 @@ func errorText(err error) string {
 // cancelled (57014) by a session statement_timeout shorter than LockTimeout.
 func isLockTimeout(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && (pgErr.Code == "55P03" || pgErr.Code == "57014")
+	return ok && (pgErr.Code == pgerrcode.LockNotAvailable || pgErr.Code == pgerrcode.QueryCanceled)
 }
 
 // untilLeaseEnds is the Retry-After for a key held by a lease.

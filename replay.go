@@ -89,7 +89,7 @@ func (p *Processor) replay(ctx context.Context, source, key string) (Result, err
 	case errors.Is(err, pgx.ErrNoRows):
 		return Result{}, ErrEventNotFound
 	case err != nil:
-		return Result{}, directError(fmt.Errorf("read event: %w", err))
+		return Result{}, fmt.Errorf("read event: %w", err)
 	}
 	if r, ok := p.routes.lookup(source, cur.EventType); ok && r.isLease() &&
 		(cur.Status == statusFailed || cur.Status == statusInProgress) {
@@ -116,7 +116,7 @@ func (p *Processor) replay(ctx context.Context, source, key string) (Result, err
 			return err
 		},
 	})
-	if err = apiError(err); err != nil && !errors.Is(err, errRollback) {
+	if err != nil && !errors.Is(err, errRollback) {
 		return Result{}, err
 	}
 	return res, nil
@@ -130,7 +130,7 @@ func (p *Processor) failStuck(ctx context.Context, source, key string) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("take over stuck event: %w", directError(err))
+		return fmt.Errorf("take over stuck event: %w", err)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (p *Processor) replayLease(ctx context.Context, source, key string, h Lease
 	case errors.Is(err, pgx.ErrNoRows):
 		return Result{}, ErrEventNotFound
 	case err != nil:
-		return Result{}, directError(fmt.Errorf("read event: %w", err))
+		return Result{}, fmt.Errorf("read event: %w", err)
 	case row.Payload == nil:
 		return Result{}, ErrNoPayload
 	}
@@ -232,11 +232,11 @@ func (p *Processor) ReplayFailed(ctx context.Context, f DeadLetterFilter) ([]Rep
 	var events []EventRecord
 	o := p.run
 	o.Tx.AccessMode = pgx.ReadOnly
-	err := apiError(engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
+	err := engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{Body: func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		events, err = ListDeadLetters(ctx, tx, f)
 		return err
-	}}))
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("replay failed events: %w", err)
 	}

@@ -2,7 +2,6 @@ package txhook
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,7 +100,7 @@ var errRollback = engine.ErrRollback
 // and so are the deferred writes that travel with COMMIT on a pool or
 // connection.
 func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
-	return apiError(engine.Run(ctx, engine.Begin(db), opts.engine(), engine.Spec{Body: fn}))
+	return engine.Run(ctx, engine.Begin(db), opts.engine(), engine.Spec{Body: fn})
 }
 
 // RunNestedTx runs fn inside tx, the caller's transaction, under a savepoint:
@@ -110,22 +109,11 @@ func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 // commits or rolls back with the caller's transaction. It never retries and
 // never commits tx. The savepoint is a round trip of its own before fn's
 // first statement, and the writes fn sends through Deferred travel with its
-// release.
+// release. An error that matches ErrTxUnusable means tx cannot be used any
+// more (the savepoint could not be rolled back, or fn ended tx with a
+// ROLLBACK or COMMIT sent as SQL): roll it back.
 func RunNestedTx(ctx context.Context, tx pgx.Tx, fn TxFunc) error {
-	return apiError(engine.Run(ctx, engine.Savepoint(tx), (*TxOptions)(nil).engine(), engine.Spec{Body: fn}))
-}
-
-// apiError turns the engine's error types into the package's: a commit of
-// unknown outcome into a *CommitUnknownError, a database that cannot be used
-// into an *UnavailableError.
-func apiError(err error) error {
-	if e, ok := errors.AsType[*engine.CommitUnknownError](err); ok {
-		return &CommitUnknownError{Err: e.Err}
-	}
-	if e, ok := errors.AsType[*engine.UnavailableError](err); ok {
-		return &UnavailableError{Err: e.Err}
-	}
-	return err
+	return engine.Run(ctx, engine.Savepoint(tx), (*TxOptions)(nil).engine(), engine.Spec{Body: fn})
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -137,14 +125,4 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// directError is apiError for a statement run outside the engine (on the
-// pool, outside any transaction): a database that cannot be used gives an
-// *UnavailableError.
-func directError(err error) error {
-	if engine.Unreachable(err) {
-		return &UnavailableError{Err: err}
-	}
-	return apiError(err)
 }

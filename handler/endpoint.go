@@ -6,16 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/engine"
 )
 
 // DefaultMaxBodyBytes is the body limit of providers whose senders document
@@ -345,19 +343,14 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) reply {
 // database could not be used.
 const unavailableRetryAfter = 5 * time.Second
 
-// unavailable reports whether err means the database could not be used or
-// the commit's outcome is unknown: the sender should retry later.
+// unavailable reports whether err means the database could not be used,
+// as the engine classifies it everywhere (engine.Unreachable: what the
+// library's own statements met is an *UnavailableError already, and this
+// also covers what a route's own code met), or the commit's outcome is
+// unknown, or the delivery's context ended: the sender should retry later.
 func unavailable(err error) bool {
-	if errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown) {
-		return true
-	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return true
-	}
-	if _, ok := errors.AsType[net.Error](err); ok {
-		return true
-	}
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	return errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown) || engine.Unreachable(err) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // maxReported bounds the key and type put in logs and reports: a rejected

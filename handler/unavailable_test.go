@@ -2,19 +2,23 @@ package handler_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
 // TestUnavailableAnswers503: a closed pool and a database dropped under a
 // warm pool are answered 503 with Retry-After (the sender retries later),
-// never 500; sessions the server ended under a warm pool cost the sender
-// nothing: the delivery is applied at once.
+// never 500, and so is a route whose own statement met a database that
+// cannot be used (the engine's one classification, engine.Unreachable);
+// sessions the server ended under a warm pool cost the sender nothing: the
+// delivery is applied at once.
 func TestUnavailableAnswers503(t *testing.T) {
 	t.Parallel()
 	stripe := &handler.Stripe{Secrets: []string{"whsec_x"}}
@@ -72,5 +76,21 @@ func TestUnavailableAnswers503(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.post(stripe, stripeEvent("evt_after_end", "invoice.paid")).want(t, 200, "status", "processed")
+	})
+	t.Run("route's own statement", func(t *testing.T) {
+		t.Parallel()
+		d := testdb.New(t)
+		closed, err := pgxpool.New(t.Context(), d.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed.Close()
+		own := map[string]handler.Route{"invoice.paid": handler.RouteFunc(
+			func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
+				_, err := closed.Exec(ctx, "SELECT 1")
+				return txhook.Result{}, fmt.Errorf("look up account: %w", err)
+			})}
+		e := newEnvPool(t, d.Pool, d.Pool, handler.Config{Source: "stripe", Provider: stripe, Routes: own}, nil)
+		want503(t, e.post(stripe, stripeEvent("evt_own", "invoice.paid")))
 	})
 }

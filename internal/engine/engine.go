@@ -1,7 +1,8 @@
 // Package engine runs txhook's transactions. Every transactional path of the
 // library goes through Run: Process on a pool, a connection or any Beginner,
 // ProcessTx under a savepoint of the caller's transaction, lease mode's phase
-// two, the Replayer, RunTx and RunNestedTx.
+// two, the Replayer, RunTx and RunNestedTx; and every statement the library
+// sends outside a transaction goes through Autocommit.
 //
 // A run is a transaction (or a savepoint) with an optional first step and a
 // body. The first step is one statement whose answer decides whether the
@@ -18,20 +19,31 @@
 // The engine knows nothing of events, keys or results: the caller's first
 // step and body record what they learn, and the caller turns Run's error
 // into its own answer.
+//
+// # Reading the engine
+//
+// Run (this file) tries a run's attempts; each attempt is a Tx (tx.go), the
+// pgx.Tx the body is given, which sends its statements lazily, in batches
+// (batch.go). How a Tx begins and ends is its strategy (strategy.go), one
+// type per Target: connTx on a pool or a connection (conn.go), beginnerTx
+// on any other Beginner (beginner.go), savepointTx in the caller's
+// transaction (savepoint.go), which also routes a savepoint's statements
+// past what the transaction around it deferred. The first step rides in the
+// first batch (first.go), under a lock_timeout bound when the body's first
+// statement rides with it (bound.go); deferred statements wait in the Tx's
+// queue (deferred.go). What the errors mean, and which are retried, is
+// errors.go and classify.go; statements outside any transaction are
+// autocommit.go.
 package engine
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/puddle/v2"
 )
 
 // Beginner starts transactions: a *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn or
@@ -108,54 +120,20 @@ type Spec struct {
 	BeforeCommit func()
 }
 
-// Errors of runs and of the transactions they hand out.
-var (
-	// ErrRollback is returned by a first step or a body that wants the
-	// transaction rolled back without a failure; Run returns it as is.
-	ErrRollback = errors.New("txhook: rollback requested")
-	// ErrNotNew is what Body's statements return under
-	// Spec.WithFirstStatement once the first step has stopped the run with
-	// ErrRollback.
-	ErrNotNew = errors.New("txhook: event key already committed or in flight; the transaction rolls back")
-	// errTxDone is returned by a transaction used after it ended.
-	errTxDone = fmt.Errorf("txhook: the transaction has ended: %w", pgx.ErrTxClosed)
-)
-
-// CommitUnknownError reports a COMMIT whose outcome cannot be known: the
-// connection failed while it was in flight.
-type CommitUnknownError struct{ Err error }
-
-func (e *CommitUnknownError) Error() string { return "commit outcome unknown: " + e.Err.Error() }
-func (e *CommitUnknownError) Unwrap() error { return e.Err }
-
-// UnavailableError reports that the database could not be used: it could
-// not be reached, the pool is closed, or the session ended under the run.
-// Nothing of the run committed.
-type UnavailableError struct{ Err error }
-
-func (e *UnavailableError) Error() string { return "database unavailable: " + e.Err.Error() }
-func (e *UnavailableError) Unwrap() error { return e.Err }
-
-// DeferredError is the error of a deferred statement (or of the batch that
-// carried it). The run fails whatever its body returned.
-type DeferredError struct{ Err error }
-
-func (e *DeferredError) Error() string { return "deferred statement not applied: " + e.Err.Error() }
-func (e *DeferredError) Unwrap() error { return e.Err }
-
-// beginError marks a failure to begin the transaction: nothing was applied.
-type beginError struct{ err error }
-
-func (e *beginError) Error() string { return "begin transaction: " + e.err.Error() }
-func (e *beginError) Unwrap() error { return e.err }
-
 // Run runs s at t. On a new transaction it commits when s.Body returns nil
 // and retries, with backoff and up to o.MaxAttempts attempts in all, an
 // attempt that failed with a serialization failure or deadlock, or whose
 // BEGIN failed before anything was applied. A savepoint run is tried once
 // and released, never committed; when its savepoint cannot be rolled back
 // after a failure, the error says that the caller's transaction is not
-// usable.
+// usable (ErrTxUnusable).
+//
+// A body that ends the transaction itself, with ROLLBACK or COMMIT sent as
+// SQL, fails the run: the connection reports its transaction status with
+// every answer, and once it is outside a transaction the body's later
+// statements are refused (each would commit on its own) and nothing is
+// committed as the run's. Under a savepoint the transaction that ended is
+// the caller's, and the error matches ErrTxUnusable.
 //
 // ctx bounds BEGIN, the first step, the body and the body's deferred
 // statements: once ctx has ended, nothing the body deferred is sent and the
@@ -173,12 +151,12 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 	}
 	withFirstStatement := s.WithFirstStatement
 	for attempt := 1; ; attempt++ {
-		tx := newTx(t, o.Tx, s.First, withFirstStatement, s.LockTimeout)
+		tx := newTx(t, o.Tx, firstStep{fn: s.First, withStatement: withFirstStatement && s.First != nil, bound: s.LockTimeout})
 		err := runOnce(ctx, tx, o.FinishTimeout, s)
 		if err == nil {
 			return nil
 		}
-		if tx.boundHit && withFirstStatement {
+		if tx.first.hit && withFirstStatement {
 			// The key is new, but the body's first statement waited on a
 			// lock longer than the first step's bound (a lock_timeout that
 			// ran out, see boundCut): run the attempt again
@@ -205,7 +183,7 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 			panic(p)
 		}
 	}()
-	if tx.first != nil && !tx.withFirstStatement {
+	if tx.first.fn != nil && !tx.first.withStatement {
 		tx.begin(ctx, nil, 0) // BEGIN and the first step: one round trip
 	}
 	var berr error
@@ -214,7 +192,7 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 		if berr != nil {
 			tx.queue = nil // rolled back: nothing deferred needs to run
 		}
-		if tx.first != nil {
+		if tx.first.fn != nil {
 			// Under WithFirstStatement, a body that sent nothing: the
 			// first step's answer still decides.
 			tx.begin(ctx, nil, 0)
@@ -236,104 +214,7 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finish)
 	defer cancel()
-	if err := tx.commit(ctx, cctx); err != nil {
-		if tx.kind == inSavepoint {
-			return err
-		}
-		return commitError(err)
-	}
-	return nil
-}
-
-// commitError classifies a failed COMMIT: rolled back by the server, or of
-// unknown outcome.
-func commitError(err error) error {
-	if cu, ok := errors.AsType[*CommitUnknownError](err); ok {
-		return cu // known unknown: the connection failed during the commit's batch
-	}
-	var pgErr *pgconn.PgError
-	var rb *rolledBackError
-	var de *DeferredError
-	if errors.Is(err, pgx.ErrTxCommitRollback) || errors.As(err, &rb) || errors.As(err, &de) ||
-		(errors.As(err, &pgErr) && pgErr.Severity == "ERROR") {
-		// The server answered COMMIT with an error (a deferred constraint, a
-		// serialization failure), or a statement sent with it failed: the
-		// transaction rolled back.
-		return fmt.Errorf("commit: %w", err)
-	}
-	// The connection failed, or the server ended the session (FATAL): the
-	// COMMIT may or may not have taken effect.
-	return &CommitUnknownError{Err: err}
-}
-
-// rolledBackError is a commit error after which the transaction is known to
-// have rolled back.
-type rolledBackError struct{ err error }
-
-func (e *rolledBackError) Error() string { return e.err.Error() }
-func (e *rolledBackError) Unwrap() error { return e.err }
-
-// retryable reports whether a failed attempt can safely run again: the
-// server rolled it back for a serialization failure or a deadlock, or BEGIN
-// failed before anything was applied.
-func retryable(err error) bool {
-	if _, ok := errors.AsType[*CommitUnknownError](err); ok {
-		return false
-	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
-		return true
-	}
-	if be, ok := errors.AsType[*beginError](err); ok {
-		return pgconn.SafeToRetry(be.err)
-	}
-	return false
-}
-
-// classify marks the final error of a run: an attempt that failed because
-// the database could not be used is an *UnavailableError.
-func classify(err error, tx *Tx) error {
-	if _, ok := errors.AsType[*CommitUnknownError](err); ok {
-		return err
-	}
-	if _, ok := errors.AsType[*UnavailableError](err); ok {
-		return err
-	}
-	if _, ok := errors.AsType[*beginError](err); ok && Unreachable(err) {
-		return &UnavailableError{Err: err}
-	}
-	if tx.connClosed() && Unreachable(err) {
-		return &UnavailableError{Err: err}
-	}
-	return err
-}
-
-// Unreachable reports whether err says the database cannot be used now: a
-// closed pool, a failed connection attempt or a lost connection, a server
-// shutting down or refusing connections, or a database that does not exist
-// (dropped under a running application).
-func Unreachable(err error) bool {
-	if errors.Is(err, puddle.ErrClosedPool) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
-		return true
-	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		switch {
-		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
-			return true
-		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
-			pgErr.Code == "53300", // too many connections
-			pgErr.Code == "3D000": // the database does not exist
-			return true
-		}
-		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
-	}
-	if _, ok := errors.AsType[net.Error](err); ok {
-		return true
-	}
-	return pgconn.SafeToRetry(err)
+	return tx.s.commit(ctx, cctx)
 }
 
 func backoff(base, limit time.Duration, attempt int) time.Duration {

@@ -325,3 +325,38 @@ func sanitize(s string) string {
 	}
 	return b.String()
 }
+
+// EndSessions ends, on the server side, every session of the database at
+// url but its own (what a restart, pg_terminate_backend or a failover does
+// to a warm pool), and waits until they are gone.
+func EndSessions(t testing.TB, url string) {
+	t.Helper()
+	admin, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	var ended int
+	if err := admin.QueryRow(t.Context(), `SELECT count(pg_terminate_backend(pid))::int FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&ended); err != nil {
+		t.Fatal(err)
+	}
+	if ended == 0 {
+		t.Fatal("testdb: no session to end")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left int
+		if err := admin.QueryRow(t.Context(), `SELECT count(*)::int FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testdb: %d sessions still there after pg_terminate_backend", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

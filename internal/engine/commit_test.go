@@ -1,0 +1,271 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txhook/txhook/internal/engine"
+)
+
+// TestCommitRejectedByServerIsKnownAndNotRetried: a COMMIT the server
+// refuses (a deferred constraint) is the server's error, not an unknown
+// outcome, and the run is not retried.
+func TestCommitRejectedByServerIsKnownAndNotRetried(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := t.Context()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
+		CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	_, err := delivery{}.run(ctx, engine.Begin(e.pool), "evt_deferred", func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		_, err := tx.Exec(ctx, "INSERT INTO children VALUES (42)") // checked at COMMIT
+		return err
+	})
+	if pgCode(err) != pgerrcode.ForeignKeyViolation {
+		t.Fatalf("err = %v, want the deferred foreign key violation", err)
+	}
+	if errors.Is(err, engine.ErrCommitUnknown) {
+		t.Error("a commit the server refused was reported as unknown")
+	}
+	if calls != 1 || e.keys(t) != 0 {
+		t.Errorf("calls = %d, keys = %d; want 1 and 0", calls, e.keys(t))
+	}
+}
+
+// The connection dies after COMMIT was sent and before its answer arrives:
+// the outcome cannot be known, so it is reported as unknown and not retried.
+// (Here the server did commit, so the retry is a duplicate.)
+func TestCommitWithLostConnectionIsUnknown(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	proxy := newCommitDropProxy(t, e.db.URL)
+	pool, err := pgxpool.New(t.Context(), proxy.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const key = "evt_lost_commit"
+	calls := 0
+	body := func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		return insertEffect(key)(ctx, tx)
+	}
+	proxy.armed.Store(true)
+	_, err = delivery{}.run(t.Context(), engine.Begin(pool), key, body)
+	if !errors.Is(err, engine.ErrCommitUnknown) {
+		t.Fatalf("err = %v, want ErrCommitUnknown", err)
+	}
+	if calls != 1 {
+		t.Errorf("body calls = %d, want 1 (no blind retry)", calls)
+	}
+	// The server got the COMMIT, and runs it whether or not the client is
+	// still there: once it has, the retry finds the key.
+	until(t, "the lost COMMIT to take effect", func() bool { return e.keys(t) == 1 })
+	delivery{}.must(t, e.pool, key, insertEffect(key), duplicate)
+	if n := e.effects(t, key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// A connection lost while the answers to the COMMIT batch (a deferred
+// statement and COMMIT) are read: the commit may have been applied, so the
+// error is a commit of unknown outcome, never "unavailable: nothing
+// committed". Here it was applied.
+func TestCommitBatchLostIsUnknown(t *testing.T) {
+	e := setup(t)
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "lost-1"
+	committed := func() bool { return e.effects(t, key) == 1 }
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	proxy := cutProxy(t, addr, []byte("lost_commit_batch"), committed)
+	host, port, _ := net.SplitHostPort(proxy)
+	p64, _ := strconv.ParseUint(port, 10, 16)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p64)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil
+	// The statement's text travels with its execution (no separate prepare),
+	// so that the proxy cuts at the COMMIT batch.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	err = runTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
+		var id int64
+		if err := tx.QueryRow(ctx, "SELECT 42::bigint").Scan(&id); err != nil {
+			return err
+		}
+		_, err := engine.Deferred(tx).Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'lost_commit_batch')", key)
+		return err
+	})
+	if !errors.Is(err, engine.ErrCommitUnknown) || errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("run = %v, want a commit of unknown outcome (not unavailable)", err)
+	}
+	if !committed() {
+		t.Fatal("the proxy cut the connection before the server committed: the test proves nothing")
+	}
+}
+
+// cutProxy forwards connections to target until a client's write holds
+// marker: it forwards that write, stops forwarding the server's answers,
+// waits for sent() to report that the server ran it (at most 10s), and
+// closes the client's connection. It returns the proxy's address.
+func cutProxy(t *testing.T, target string, marker []byte, sent func() bool) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			var cut atomic.Bool
+			go func() { // server to client
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && !cut.Load() {
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+			go func() { // client to server
+				defer s.Close()
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						hit := bytes.Contains(buf[:n], marker)
+						if hit {
+							cut.Store(true)
+						}
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							return
+						}
+						if hit {
+							for deadline := time.Now().Add(10 * time.Second); !sent() && time.Now().Before(deadline); {
+								time.Sleep(10 * time.Millisecond)
+							}
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// commitDropProxy forwards PostgreSQL connections and, when armed, cuts a
+// connection right after forwarding a simple-protocol COMMIT.
+type commitDropProxy struct {
+	url   string
+	armed atomic.Bool
+}
+
+func newCommitDropProxy(t *testing.T, target string) *commitDropProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	upstream := u.Host
+	u.Host = ln.Addr().String()
+	p := &commitDropProxy{url: u.String()}
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { p.serve(c, upstream) })
+		}
+	})
+	return p
+}
+
+func (p *commitDropProxy) serve(client net.Conn, upstream string) {
+	defer client.Close()
+	server, err := net.Dial("tcp", upstream)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() {
+		io.Copy(client, server)
+		client.Close() // the server hung up: so does the client's side
+	}()
+	// The startup message has no type byte.
+	var n uint32
+	if binary.Read(client, binary.BigEndian, &n) != nil || n < 4 {
+		return
+	}
+	startup := make([]byte, n-4)
+	if _, err := io.ReadFull(client, startup); err != nil {
+		return
+	}
+	binary.Write(server, binary.BigEndian, n)
+	server.Write(startup)
+	for {
+		var hdr [5]byte
+		if _, err := io.ReadFull(client, hdr[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr[1:])-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		server.Write(hdr[:])
+		server.Write(body)
+		if hdr[0] == 'Q' && p.armed.Load() && bytes.HasPrefix(bytes.ToLower(body), []byte("commit")) {
+			p.armed.Store(false)
+			client.Close()                     // the answer never reaches the client
+			time.Sleep(200 * time.Millisecond) // while the server commits
+			return
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// firstStep is a run's first step (Spec.First) as its Tx carries it: the
+// statement that rides in the first batch, with BEGIN or with the body's
+// first statement, and whose answer decides whether the body's work may
+// commit.
+type firstStep struct {
+	fn            func(ctx context.Context, q Querier) error // nil once sent, or when there is none
+	withStatement bool                                       // sent with the body's first statement
+	bound         string                                     // the lock_timeout of body statements sent with it
+	// hit reports that the first step found its key new but a body
+	// statement sent with it waited on a lock past the bound (see
+	// boundCut).
+	hit bool
+}
+
+// begin sends the first batch, if it has not been sent: BEGIN (or, before
+// it, SAVEPOINT), the first step's statement and extra, whose first nDeferred are deferred
+// statements. It records what stops the run.
+func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
+	if t.open {
+		return
+	}
+	t.open = true
+	first := t.first.fn
+	t.first.fn = nil
+	if first == nil {
+		t.beginErr = t.sendFirst(ctx, nil, extra, nDeferred)
+		return
+	}
+	q := &firstQuerier{t: t, extra: extra, nDeferred: nDeferred}
+	err := first(ctx, q)
+	switch {
+	case q.beginErr != nil:
+		t.beginErr = q.beginErr
+	case !q.sent:
+		t.beginErr = errors.Join(errors.New("txhook: the transaction's first step sent no statement"), err)
+	case err != nil:
+		t.firstErr = err
+	default:
+		t.first.hit = q.boundHit
+	}
+}
+
+// sendFirst sends the first batch (see begin), with first's statement when
+// there is a first step. It returns the failure to begin, and leaves each
+// statement's result in it.
+func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
+	bounded := first != nil && len(extra) > 0 && t.first.bound != ""
+	br, closed, err := t.sendBegin(ctx, func(b *pgx.Batch) {
+		if bounded {
+			b.Queue(boundSQL, t.first.bound)
+		}
+		if first != nil {
+			b.Queue(first.sql, first.args...)
+		}
+		for _, s := range extra {
+			b.Queue(s.sql, s.args...)
+		}
+		if bounded {
+			b.Queue(unboundSQL)
+		}
+	})
+	if err != nil {
+		if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err); ok && !closed {
+			return refused(pe, first, extra, nDeferred, err)
+		}
+		return &beginError{err: err}
+	}
+	t.readFirst(br, bounded, first, extra)
+	// When BEGIN was not in the batch (after a SAVEPOINT or a Beginner's
+	// BeginTx of its own), pgx's refusal of the batch is the answer of its
+	// first statement (see Tx.sendBegin).
+	head := first
+	if head == nil && len(extra) > 0 {
+		head = &extra[0]
+	}
+	if head != nil {
+		if pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](head.err); ok {
+			return refused(pe, first, extra, nDeferred, head.err)
+		}
+	}
+	return nil
+}
+
+// refused is sendFirst's answer when pgx refused the batch before sending
+// any of it (a statement that cannot be prepared, arguments that cannot be
+// encoded): the refused statement's error for a deferred one, and
+// otherwise a failure to begin.
+func refused(pe pgx.ErrPreprocessingBatch, first *stmt, extra []stmt, nDeferred int, err error) error {
+	for _, s := range extra[:nDeferred] {
+		if s.sql == pe.SQL() {
+			return &DeferredError{Err: err}
+		}
+	}
+	if first != nil {
+		first.err = err
+	}
+	fail(extra, err)
+	return &beginError{err: err}
+}
+
+// readFirst reads the first batch's results after BEGIN's.
+func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []stmt) {
+	var err error
+	if bounded {
+		_, err = br.Exec()
+	}
+	if first != nil {
+		if err != nil {
+			first.err = err
+		} else {
+			first.read(br)
+			err = first.err
+		}
+	}
+	failed := -1
+	if err != nil {
+		fail(extra, err)
+	} else {
+		failed = readAll(br, extra)
+		if failed < 0 && bounded {
+			_, err = br.Exec()
+		}
+	}
+	cerr := br.Close()
+	switch {
+	case failed >= 0:
+		t.first.hit = bounded && boundCut(extra[failed].err)
+	case err == nil && cerr != nil:
+		// pgx reports a failure after the last statement read (or of the
+		// statement restoring the bound) again on Close.
+		fail(extra, cerr)
+		if first != nil && len(extra) == 0 {
+			first.err = cerr
+		}
+	}
+}
+
+// firstQuerier is the Querier a first step sends its statement through: the
+// statement travels in the first batch.
+type firstQuerier struct {
+	t         *Tx
+	extra     []stmt // body statements sent after it
+	nDeferred int
+	sent      bool
+	beginErr  error
+	boundHit  bool
+}
+
+// Exec implements Querier.
+func (q *firstQuerier) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	s := stmt{sql: sql, args: args}
+	if err := q.send(ctx, &s); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return s.tag, s.err
+}
+
+// QueryRow implements Querier; the statement is sent when the row is
+// scanned.
+func (q *firstQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return &firstRow{q: q, ctx: ctx, sql: sql, args: args}
+}
+
+// Query implements Querier. A first step's statement answers one row at
+// most: its rows could not outlive the batch.
+func (q *firstQuerier) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("txhook: a transaction's first step cannot be a multi-row query")
+}
+
+func (q *firstQuerier) send(ctx context.Context, s *stmt) error {
+	if q.sent {
+		return errors.New("txhook: a transaction's first step sends one statement")
+	}
+	q.sent = true
+	if err := q.t.sendFirst(ctx, s, q.extra, q.nDeferred); err != nil {
+		q.beginErr = err
+		return err
+	}
+	q.boundHit, q.t.first.hit = q.t.first.hit, false
+	return nil
+}
+
+// firstRow is the row of a first step's statement.
+type firstRow struct {
+	q    *firstQuerier
+	ctx  context.Context
+	sql  string
+	args []any
+}
+
+// Scan sends the first batch and scans the first step's row into dest.
+func (r *firstRow) Scan(dest ...any) error {
+	if dest == nil {
+		dest = []any{}
+	}
+	s := stmt{sql: r.sql, args: r.args, dest: dest}
+	if err := r.q.send(r.ctx, &s); err != nil {
+		return err
+	}
+	return s.err
+}
