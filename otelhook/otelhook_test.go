@@ -106,7 +106,9 @@ func TestObserverOnEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc, err := txhook.NewProcessor(noDB{}, nil)
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "", func(context.Context, pgx.Tx, txhook.Event) error { return nil })
+	proc, err := txhook.NewProcessor(noDB{}, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
