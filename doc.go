@@ -66,10 +66,11 @@
 //
 // # Crash testing
 //
-// Setting TXHOOK_CRASH_POINT (CrashPointEnv) to a crash point's name makes the
-// process exit at that point (after-insert, after-handler, before-commit,
-// after-commit, and lease mode's points), for crash-injection tests with real
-// process deaths. Unset, it costs nothing.
+// Setting TXHOOK_CRASH_POINT to a crash point's name makes the process exit
+// at that point (after-insert, after-handler, before-commit, after-commit,
+// and lease and inbox mode's points), for crash-injection tests with real
+// process deaths; package txhooktest names the points and runs such tests.
+// Unset, it costs nothing.
 //
 // # Schema and operations
 //

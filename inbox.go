@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -174,7 +175,7 @@ type QueuedJob struct {
 // The transaction is retried, as Process's is, after a serialization
 // failure or deadlock. ctx bounds the work up to COMMIT.
 func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error) {
-	p.crash.at(CrashInboxAfterFetch)
+	p.crash.At(crash.InboxAfterFetch)
 	var (
 		row     db.LockQueuedEventRow
 		settled bool
@@ -224,7 +225,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error
 				}
 				return fmt.Errorf("handle event: %w", err)
 			}
-			p.crash.at(CrashInboxAfterHandler)
+			p.crash.At(crash.InboxAfterHandler)
 			// The done mark travels with COMMIT.
 			if _, err := db.New(engine.Deferred(tx)).MarkQueuedDone(ctx, db.MarkQueuedDoneParams{
 				Attempt: int32(j.Attempt), KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
@@ -233,11 +234,11 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error
 			}
 			return nil
 		},
-		BeforeCommit: func() { p.crash.at(CrashInboxBeforeCommit) },
+		BeforeCommit: func() { p.crash.At(crash.InboxBeforeCommit) },
 	})
 	switch {
 	case err == nil:
-		p.crash.at(CrashInboxAfterCommit)
+		p.crash.At(crash.InboxAfterCommit)
 		if settled {
 			return Result{Outcome: OutcomeDuplicate}, nil
 		}

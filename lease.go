@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -198,7 +199,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 // makes its last attempt's error permanent).
 func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, started time.Time, replay bool,
 	work LeaseFunc, failWrap func(error) error) (Result, error) {
-	p.crash.at(CrashLeaseAfterClaim)
+	p.crash.At(crash.LeaseAfterClaim)
 	failed := func(err error) (Result, error) {
 		if failWrap != nil {
 			err = failWrap(err)
@@ -231,7 +232,7 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 		}
 		return failed(err)
 	}
-	p.crash.at(CrashLeaseAfterExternal)
+	p.crash.At(crash.LeaseAfterExternal)
 
 	// Phase two.
 	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
@@ -258,11 +259,11 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 			}
 			return nil
 		},
-		BeforeCommit: func() { p.crash.at(CrashLeaseBeforeCommit) },
+		BeforeCommit: func() { p.crash.At(crash.LeaseBeforeCommit) },
 	})
 	switch {
 	case err == nil:
-		p.crash.at(CrashLeaseAfterCommit)
+		p.crash.At(crash.LeaseAfterCommit)
 		return Result{Outcome: OutcomeProcessed}, nil
 	case errors.Is(err, ErrLeaseLost):
 		return Result{}, fmt.Errorf("complete event: %w", err)

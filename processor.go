@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -183,7 +184,7 @@ type Processor struct {
 	maxKeyLen       int
 	storePayload    bool
 	dedupeWithFirst bool // Config.DedupeWithFirstStatement
-	crash           crasher
+	crash           crash.Crasher
 	filter          dupFilter
 	routes          *Routes
 	queue           atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
@@ -231,7 +232,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		maxKeyLen:       c.MaxKeyLen,
 		storePayload:    c.StorePayload,
 		dedupeWithFirst: c.DedupeWithFirstStatement,
-		crash:           newCrasherFromEnv(),
+		crash:           crash.FromEnv(),
 		filter:          dupFilter{read: read, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
 		routes:          c.Routes,
 		log:             c.Logger,
@@ -315,13 +316,13 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 		},
 	}
 	if !at.Nested() {
-		spec.BeforeCommit = func() { p.crash.at(CrashBeforeCommit) }
+		spec.BeforeCommit = func() { p.crash.At(crash.BeforeCommit) }
 	}
 	err := engine.Run(ctx, at, p.run, spec)
 	switch {
 	case err == nil:
 		if !at.Nested() {
-			p.crash.at(CrashAfterCommit)
+			p.crash.At(crash.AfterCommit)
 		}
 		return Result{Outcome: OutcomeProcessed}, nil
 	case errors.Is(err, errRollback):
@@ -359,7 +360,7 @@ func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (Res
 	case row.Status != statusDone:
 		return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}, errRollback
 	}
-	p.crash.at(CrashAfterInsert)
+	p.crash.At(crash.AfterInsert)
 	return Result{}, nil
 }
 
@@ -373,7 +374,7 @@ func (p *Processor) handled(herr error) error {
 		}
 		return fmt.Errorf("handle event: %w", herr)
 	}
-	p.crash.at(CrashAfterHandler)
+	p.crash.At(crash.AfterHandler)
 	return nil
 }
 

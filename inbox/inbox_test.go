@@ -29,6 +29,7 @@ import (
 	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // childEnv holds the database URL when the test binary runs as a crashing
@@ -657,9 +658,9 @@ func (l *logBuffer) records(t *testing.T) []map[string]any {
 // every event is applied exactly once.
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
-	points := []txhook.CrashPoint{
-		txhook.CrashInboxAfterFetch, txhook.CrashInboxAfterHandler,
-		txhook.CrashInboxBeforeCommit, txhook.CrashInboxAfterCommit,
+	points := []txhooktest.CrashPoint{
+		txhooktest.CrashInboxAfterFetch, txhooktest.CrashInboxAfterHandler,
+		txhooktest.CrashInboxBeforeCommit, txhooktest.CrashInboxAfterCommit,
 	}
 	s := crashEachPoint(t, points, false, func(s setup) { s.routes.Inbox("github", "push", apply) })
 	for _, p := range points {
@@ -670,7 +671,7 @@ func TestCrashPoints(t *testing.T) {
 			if n := s.applied(t, key); n != 1 {
 				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
-			s.checkAttempts(t, rec, p == txhook.CrashInboxAfterCommit)
+			s.checkAttempts(t, rec, p == txhooktest.CrashInboxAfterCommit)
 		})
 	}
 }
@@ -699,14 +700,14 @@ func (s setup) checkAttempts(t *testing.T, rec txhook.EventRecord, appliedEarlie
 // the event's idempotency key under a claim of its own.
 func TestLeaseCrashPoints(t *testing.T) {
 	t.Parallel()
-	points := []txhook.CrashPoint{
-		txhook.CrashInboxAfterFetch, txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal,
-		txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
+	points := []txhooktest.CrashPoint{
+		txhooktest.CrashInboxAfterFetch, txhooktest.CrashLeaseAfterClaim, txhooktest.CrashLeaseAfterExternal,
+		txhooktest.CrashLeaseBeforeCommit, txhooktest.CrashLeaseAfterCommit,
 	}
 	// External calls at least: the dead worker's and the takeover's.
-	minCalls := map[txhook.CrashPoint]int{
-		txhook.CrashInboxAfterFetch: 1, txhook.CrashLeaseAfterClaim: 1, txhook.CrashLeaseAfterExternal: 2,
-		txhook.CrashLeaseBeforeCommit: 2, txhook.CrashLeaseAfterCommit: 1,
+	minCalls := map[txhooktest.CrashPoint]int{
+		txhooktest.CrashInboxAfterFetch: 1, txhooktest.CrashLeaseAfterClaim: 1, txhooktest.CrashLeaseAfterExternal: 2,
+		txhooktest.CrashLeaseBeforeCommit: 2, txhooktest.CrashLeaseAfterCommit: 1,
 	}
 	s := crashEachPoint(t, points, true, func(s setup) {
 		if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
@@ -739,7 +740,7 @@ func TestLeaseCrashPoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.checkAttempts(t, rec, p == txhook.CrashLeaseAfterCommit)
+			s.checkAttempts(t, rec, p == txhooktest.CrashLeaseAfterCommit)
 			if len(calls) < minCalls[p] {
 				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, minCalls[p], p)
 			}
@@ -758,8 +759,8 @@ func TestLeaseCrashPoints(t *testing.T) {
 
 // crashKey is the key of the event crashEachPoint sends to crash point p;
 // crashQueue is the River queue of its job.
-func crashKey(p txhook.CrashPoint) string   { return "d-" + string(p) }
-func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
+func crashKey(p txhooktest.CrashPoint) string   { return "d-" + string(p) }
+func crashQueue(p txhooktest.CrashPoint) string { return "crash-" + string(p) }
 
 // crashEachPoint sets up a database for the crash tests and calls prepare
 // (which registers the route's handler on s.ib). For each point in turn it
@@ -772,7 +773,7 @@ func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
 // dead leader's term has run out) and they are older than
 // RescueStuckJobsAfter: the events are then applied together, in about the
 // time one of them takes.
-func crashEachPoint(t *testing.T, points []txhook.CrashPoint, lease bool, prepare func(s setup)) setup {
+func crashEachPoint(t *testing.T, points []txhooktest.CrashPoint, lease bool, prepare func(s setup)) setup {
 	t.Helper()
 	rc := riverConfig()
 	rc.Queues = make(map[string]river.QueueConfig, len(points))
@@ -828,15 +829,15 @@ func notify(pool *pgxpool.Pool) txhook.LeaseHandler {
 
 // crashWorker runs a worker process (runChild) on s's database and the
 // queue crashQueue(p), armed to exit at p, and fails t unless it exits so.
-func (s setup) crashWorker(t *testing.T, p txhook.CrashPoint) {
+func (s setup) crashWorker(t *testing.T, p txhooktest.CrashPoint) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhook.CrashPointEnv+"="+string(p))
+	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhooktest.CrashPointEnv+"="+string(p))
 	out, err := cmd.CombinedOutput()
-	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhooktest.CrashExitCode {
+		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhooktest.CrashExitCode, p, out)
 	}
 }
 

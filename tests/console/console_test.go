@@ -66,17 +66,17 @@ func setup(t *testing.T, cfg admin.Config) *console {
 	}
 	routes := txhook.NewRoutes()
 	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			var p struct {
-				Amount int64 `json:"amount"`
-			}
-			if err := json.Unmarshal(ev.Payload, &p); err != nil {
-				return txhook.Permanent(err)
-			}
-			if p.Amount < 0 {
-				return txhook.Permanent(fmt.Errorf("negative amount %d", p.Amount))
-			}
-			// Not idempotent on its own: only the replay's exactly-once rule
-			// keeps the ledger right.
+		var p struct {
+			Amount int64 `json:"amount"`
+		}
+		if err := json.Unmarshal(ev.Payload, &p); err != nil {
+			return txhook.Permanent(err)
+		}
+		if p.Amount < 0 {
+			return txhook.Permanent(fmt.Errorf("negative amount %d", p.Amount))
+		}
+		// Not idempotent on its own: only the replay's exactly-once rule
+		// keeps the ledger right.
 		_, err := tx.Exec(ctx, "INSERT INTO ledger (event_key, amount) VALUES ($1, $2)", ev.Key, p.Amount)
 		return err
 	})
