@@ -104,7 +104,7 @@ func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 		}
 		return Result{Outcome: OutcomeIgnored}, nil
 	case !ok:
-		res, err := p.process(ctx, ev, g.Handler(recordOnly), false)
+		res, err := p.process(ctx, ev, g.handler(recordOnly), false)
 		if err == nil && res.Outcome == OutcomeProcessed {
 			res.Outcome = OutcomeIgnored
 		}
@@ -118,13 +118,13 @@ func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 	case r.isLease():
 		h := r.lease
 		if g != nil {
-			h = g.Lease(h)
+			h = g.lease(h)
 		}
 		return p.processLease(ctx, ev, h, false, o.LastAttempt)
 	}
 	h := r.handler
 	if g != nil {
-		h = g.Handler(h)
+		h = g.handler(h)
 	}
 	return p.process(ctx, ev, h, o.LastAttempt)
 }

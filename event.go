@@ -28,18 +28,19 @@ type Event struct {
 
 // Limits applied by Validate.
 const (
-	// MaxSourceLen is the longest accepted source, in bytes.
-	MaxSourceLen = 128
+	// maxSourceLen is the longest accepted source, in bytes.
+	maxSourceLen = 128
 	// DefaultMaxKeyLen is the longest accepted key, in bytes, unless
 	// Config.MaxKeyLen says otherwise.
 	DefaultMaxKeyLen = 255
-	// MaxTypeLen is the longest accepted event type, in bytes.
-	MaxTypeLen = 255
+	// maxTypeLen is the longest accepted event type, in bytes.
+	maxTypeLen = 255
 )
 
 // Validate checks ev against the processor's rules with the default key
-// limit: non-empty source and key, length limits, valid UTF-8 and no NUL
-// bytes in source, key and type. The error is a *ValidationError matching
+// limit: non-empty source and key; at most 128 bytes of source,
+// DefaultMaxKeyLen of key and 255 of type; valid UTF-8 and no NUL bytes in
+// all three. The error is a *ValidationError matching
 // ErrInvalidEvent.
 func (ev Event) Validate() error { return ev.validate(DefaultMaxKeyLen) }
 
@@ -47,7 +48,7 @@ func (ev Event) validate(maxKeyLen int) error {
 	if ev.Source == "" {
 		return &ValidationError{Field: "source", Err: ErrEmptySource}
 	}
-	if err := checkText(ev.Source, MaxSourceLen); err != nil {
+	if err := checkText(ev.Source, maxSourceLen); err != nil {
 		return &ValidationError{Field: "source", Err: err}
 	}
 	if ev.Key == "" {
@@ -56,7 +57,7 @@ func (ev Event) validate(maxKeyLen int) error {
 	if err := checkText(ev.Key, maxKeyLen); err != nil {
 		return &ValidationError{Field: "key", Err: err}
 	}
-	if err := checkText(ev.Type, MaxTypeLen); err != nil {
+	if err := checkText(ev.Type, maxTypeLen); err != nil {
 		return &ValidationError{Field: "type", Err: err}
 	}
 	return nil

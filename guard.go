@@ -42,13 +42,16 @@ func (e *ReplayError) Error() string {
 // digest of the signed body that the caller computes and that is stored with
 // the event's key.
 //
-// The check takes a transaction-level advisory lock on (source, hash), so
-// that deliveries of one hash are checked one after another, then looks for
-// another key of the source recorded with that hash within Window. The lock
-// is held until the delivery's own row is committed (or the delivery ends),
-// and the lookup, in a statement of its own, sees what committed while it
-// waited: at READ COMMITTED, which Lease and Run use; Handler runs in
-// Process's transaction, at the processor's isolation level, where a
+// Deliver runs the check (DeliverOptions.Guard) inside the transaction
+// that records the event: a transactional route's own, after its key is
+// inserted; a lease route's claim; an inbox route's accept. It takes a
+// transaction-level advisory lock on (source, hash), so that deliveries of
+// one hash are checked one after another, then looks for another key of
+// the source recorded with that hash within Window. The lock is held until
+// the delivery's own row is committed (or the delivery ends), and the
+// lookup, in a statement of its own, sees what committed while it waited:
+// at READ COMMITTED, which the claim and the accept use; a transactional
+// route's transaction runs at the processor's isolation level, where a
 // stricter level sees only what committed before the transaction began. An
 // event without a PayloadHash is not checked. The zero value is ready to
 // use.
@@ -64,13 +67,13 @@ type ReplayGuard struct {
 	LockTimeout time.Duration
 }
 
-// Handler returns h with the guard's check in front: for Process, whose
+// handler returns h with the guard's check in front: for Process, whose
 // transaction has already recorded the event's key and hash when h runs, so
 // the lock is held until that transaction ends. A replayed body makes the
 // handler fail with a *ReplayError, and a wait past LockTimeout with
 // ErrReplayInFlight; Process then rolls back and returns that error
 // wrapped.
-func (g ReplayGuard) Handler(h HandlerFunc) HandlerFunc {
+func (g ReplayGuard) handler(h HandlerFunc) HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
 		if err := g.check(ctx, tx, ev); err != nil {
 			return err
@@ -79,45 +82,15 @@ func (g ReplayGuard) Handler(h HandlerFunc) HandlerFunc {
 	}
 }
 
-// Lease returns h with the guard's check inside its claim: ProcessLease then
+// lease returns h with the guard's check inside its claim: ProcessLease then
 // takes the guard's lock, looks for the hash and claims the key in one
 // transaction, so the claim (and with it the hash) is committed before the
 // next delivery of the same body is checked. A replayed body makes
 // ProcessLease return an error wrapping a *ReplayError, with nothing claimed
 // and Work not run; a wait past LockTimeout is answered OutcomeInFlight.
-func (g ReplayGuard) Lease(h LeaseHandler) LeaseHandler {
+func (g ReplayGuard) lease(h LeaseHandler) LeaseHandler {
 	h.guard = &g
 	return h
-}
-
-// Run runs fn while holding the guard's lock for ev, after checking ev, in
-// a transaction of its own on d: for deliveries applied by code that records
-// ev (with its PayloadHash) before it returns, through Process,
-// ProcessLease or anything else, outside the guard's reach. The lock, and
-// the connection it holds, are kept until fn returns. A replayed body
-// returns a *ReplayError and a wait past LockTimeout ErrReplayInFlight,
-// without running fn; otherwise Run returns fn's error. A fn that needs a
-// connection of its own (Process, ProcessLease) holds two at once: if they
-// come from one pool, its MaxConns must be at least twice the concurrent
-// calls of Run, or they can all wait for a second connection.
-func (g ReplayGuard) Run(ctx context.Context, d Beginner, ev Event, fn func(ctx context.Context) error) error {
-	if len(ev.PayloadHash) == 0 {
-		return fn(ctx)
-	}
-	checked := false
-	err := RunTx(ctx, d, &TxOptions{IsoLevel: pgx.ReadCommitted, MaxAttempts: 1}, func(ctx context.Context, tx pgx.Tx) error {
-		if err := g.check(ctx, tx, ev); err != nil {
-			return err
-		}
-		checked = true
-		return fn(ctx)
-	})
-	if err != nil && !checked && !errors.Is(err, ErrReplayInFlight) {
-		if _, ok := errors.AsType[*ReplayError](err); !ok {
-			return fmt.Errorf("check replay: %w", err)
-		}
-	}
-	return err
 }
 
 // check takes the guard's lock for ev in q's transaction and looks for

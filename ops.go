@@ -13,18 +13,21 @@ import (
 	"github.com/txhook/txhook/db"
 )
 
+// Status is the state of an event's row in the events table.
+type Status string
+
 // Statuses of a row in the events table, as EventRecord.Status reports them.
 const (
 	// StatusInProgress: a lease-mode delivery holds the event.
-	StatusInProgress = statusInProgress
+	StatusInProgress Status = statusInProgress
 	// StatusDone: the event was processed (or replayed) and committed.
-	StatusDone = statusDone
+	StatusDone Status = statusDone
 	// StatusFailed: the handler failed permanently; the event waits for a
 	// replay (a dead letter).
-	StatusFailed = statusFailed
+	StatusFailed Status = statusFailed
 	// StatusQueued: inbox mode accepted the event; its job has not applied
 	// it yet.
-	StatusQueued = statusQueued
+	StatusQueued Status = statusQueued
 )
 
 // ErrEventNotFound is returned for a source and key with no row in the
@@ -45,8 +48,7 @@ type EventRecord struct {
 	Source string `json:"source"`
 	Key    string `json:"key"`
 	Type   string `json:"type"`
-	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	// Attempts counts the tries of the event: the claims and replays of a
 	// lease-mode event (its fencing token), the replays of a dead letter,
 	// and for an inbox event its queue's tries (River's attempt of the try
@@ -77,8 +79,7 @@ type EventFilter struct {
 	// Key keeps the event with this key (of any source unless Source is
 	// set).
 	Key string
-	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
-	Status string
+	Status Status
 	Type   string
 	// Since keeps events created at or after it.
 	Since time.Time
@@ -104,7 +105,7 @@ func limitOrDefault(n int) (int32, error) {
 	return int32(n), nil
 }
 
-func checkStatus(s string) error {
+func checkStatus(s Status) error {
 	switch s {
 	case "", StatusQueued, StatusInProgress, StatusDone, StatusFailed:
 		return nil
@@ -124,7 +125,7 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	p := db.ListEventsParams{
 		Source:    optText(f.Source),
 		EventKey:  optText(f.Key),
-		Status:    optText(f.Status),
+		Status:    optText(string(f.Status)),
 		EventType: optText(f.Type),
 		Since:     pgtype.Timestamptz{Time: f.Since, Valid: !f.Since.IsZero()},
 		MaxRows:   limit,
@@ -195,7 +196,7 @@ func GetEventRecord(ctx context.Context, q Querier, source, key string) (EventRe
 
 func recordFromListRow(r db.ListEventsRow) EventRecord {
 	return EventRecord{
-		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: Status(r.Status),
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.HasPayload, PayloadSize: int(r.PayloadSize),
@@ -205,7 +206,7 @@ func recordFromListRow(r db.ListEventsRow) EventRecord {
 
 func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
 	return EventRecord{
-		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: Status(r.Status),
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.Payload != nil, PayloadSize: len(r.Payload),
@@ -216,7 +217,7 @@ func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
 // StatusCount is the number of events of one source in one status.
 type StatusCount struct {
 	Source string `json:"source"`
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	Events int64  `json:"events"`
 }
 
@@ -264,9 +265,9 @@ func ReadStats(ctx context.Context, q Querier) (Stats, error) {
 	}
 	s := Stats{Counts: make([]StatusCount, len(counts))}
 	for i, c := range counts {
-		s.Counts[i] = StatusCount{Source: c.Source, Status: c.Status, Events: c.Events}
+		s.Counts[i] = StatusCount{Source: c.Source, Status: Status(c.Status), Events: c.Events}
 		s.Total += c.Events
-		switch c.Status {
+		switch Status(c.Status) {
 		case StatusInProgress:
 			s.InProgress += c.Events
 		case StatusDone:

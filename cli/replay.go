@@ -146,7 +146,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 			n++
 			state := "failed " + formatTime(e.CompletedAt)
 			if e.Status != txhook.StatusFailed {
-				state = "stuck " + e.Status
+				state = "stuck " + string(e.Status)
 			}
 			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
 				cell(e.Type, 40), e.Attempts, state, cell(e.LastError, 80))

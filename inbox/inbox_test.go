@@ -166,7 +166,7 @@ func (s setup) start(t *testing.T) {
 // waitStatus waits up to 90s for the event's row to reach status: a job
 // whose worker died waits for River's rescuer, which runs on an interval of
 // its own (about half a minute) and, on a loaded machine, later.
-func (s setup) waitStatus(t *testing.T, key, status string) txhook.EventRecord {
+func (s setup) waitStatus(t *testing.T, key string, status txhook.Status) txhook.EventRecord {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -205,7 +205,7 @@ func (s setup) record(t *testing.T, key string) txhook.EventRecord {
 
 // waitStatusWithin is waitStatus for a job that needs no rescue: it fails
 // after within.
-func (s setup) waitStatusWithin(t *testing.T, within time.Duration, key, status string) txhook.EventRecord {
+func (s setup) waitStatusWithin(t *testing.T, within time.Duration, key string, status txhook.Status) txhook.EventRecord {
 	t.Helper()
 	var rec txhook.EventRecord
 	waitUntil(t, within, fmt.Sprintf("event %s reaches status %s", key, status), func() bool {

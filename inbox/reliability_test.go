@@ -145,7 +145,7 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 			}
 			c.stop(t, s.ib, cancelStart)
 
-			want := map[string]string{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
+			want := map[string]txhook.Status{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
 			for key, status := range want {
 				if rec := s.record(t, key); rec.Status != status {
 					t.Errorf("%s after the shutdown: status %q (last error %q), want %q", key, rec.Status, rec.LastError, status)

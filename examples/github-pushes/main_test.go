@@ -170,7 +170,7 @@ func (f *fixture) repo(t *testing.T) pushesdb.Repository {
 }
 
 // waitStatus waits up to 60s for the delivery's row to reach status.
-func (f *fixture) waitStatus(t *testing.T, delivery, status string) {
+func (f *fixture) waitStatus(t *testing.T, delivery string, status txhook.Status) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
