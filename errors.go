@@ -96,7 +96,7 @@ type UnavailableError = engine.UnavailableError
 
 // ErrTxUnusable is matched (errors.Is) by the error of a call that ran
 // under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
-// RunNestedTx) and left that transaction in a state nobody knows: the
+// RunTx) and left that transaction in a state nobody knows: the
 // savepoint could not be rolled back after the call failed, or a statement
 // of the handler ended the caller's transaction (ROLLBACK or COMMIT sent as
 // SQL, after which the caller's statements would each commit on their

@@ -530,6 +530,6 @@ func (s *Stats) readQueue(ctx context.Context, q Querier) error {
 	if err != nil {
 		return err
 	}
-	s.Queued, s.OldestQueuedAt, s.OldestQueuedAge = qs.Queued, qs.OldestAt, qs.OldestAge
+	s.Queue = qs
 	return nil
 }

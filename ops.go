@@ -73,7 +73,9 @@ type EventRecord struct {
 	JobID int64 `json:"job_id,omitzero"`
 }
 
-// EventFilter selects events for ListEvents. Empty fields do not filter.
+// EventFilter selects events for ListEvents; ListDeadLetters and
+// Processor.ReplayFailed take its Source, Type and Limit. Empty fields do
+// not filter.
 type EventFilter struct {
 	Source string
 	// Key keeps the event with this key (of any source unless Source is
@@ -89,7 +91,7 @@ type EventFilter struct {
 	// River's table is the one the search path finds), and lease mode's
 	// claims abandoned in progress with their lease ended (the worker died,
 	// or released the claim after an error; the sender may still retry).
-	// Replayer.Replay replays any of them.
+	// Processor.Replay replays any of them.
 	Stuck bool
 	// Limit bounds the number of events returned. Defaults to 100.
 	Limit int
@@ -150,18 +152,11 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	return out, nil
 }
 
-// DeadLetterFilter selects failed events for ListDeadLetters and
-// Replayer.ReplayFailed. Empty fields do not filter.
-type DeadLetterFilter struct {
-	Source string
-	Type   string
-	// Limit bounds the number of events. Defaults to 100.
-	Limit int
-}
 
-// ListDeadLetters returns failed events, oldest first, with their last
-// error and attempt count.
-func ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]EventRecord, error) {
+// ListDeadLetters returns failed events of f's Source and Type (its other
+// filters are not used), oldest first, at most f.Limit of them, with their
+// last error and attempt count.
+func ListDeadLetters(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, error) {
 	limit, err := limitOrDefault(f.Limit)
 	if err != nil {
 		return nil, err
@@ -246,13 +241,8 @@ type Stats struct {
 	Failed     int64 `json:"failed"`
 	// OldestInProgress is the in-progress event claimed longest ago, or nil.
 	OldestInProgress *LeaseInfo `json:"oldest_in_progress,omitempty"`
-	// Queued is the inbox's queue depth: events accepted and not yet
-	// applied (status queued). OldestQueuedAt is when the oldest of them was
-	// accepted, zero when none is queued, and OldestQueuedAge how long ago
-	// that was, on the database's clock.
-	Queued          int64         `json:"queued"`
-	OldestQueuedAt  time.Time     `json:"oldest_queued_at,omitzero"`
-	OldestQueuedAge time.Duration `json:"oldest_queued_age,omitzero"`
+	// Queue is inbox mode's queue: the events accepted and not yet applied.
+	Queue QueueStats `json:"queue"`
 }
 
 // ReadStats counts the events by source and status and finds the oldest

@@ -50,7 +50,7 @@ func ExampleProcessor_ReplayFailed() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	reports, err := proc.ReplayFailed(ctx, txhook.DeadLetterFilter{Source: "stripe", Limit: 100})
+	reports, err := proc.ReplayFailed(ctx, txhook.EventFilter{Source: "stripe", Limit: 100})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -254,7 +254,7 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // nothing.
 //
 // ctx bounds the work up to COMMIT: none of h's deferred writes is sent
-// once it has ended; see RunTx.
+// once it has ended; see Run.
 func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
 	return p.process(ctx, ev, h, false)
 }

@@ -109,7 +109,7 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 	var res PruneResult
 	var cutoff pgtype.Timestamptz
 	if o.DryRun {
-		err := RunTx(ctx, b, &TxOptions{AccessMode: pgx.ReadOnly}, func(ctx context.Context, tx pgx.Tx) error {
+		err := Run(ctx, b, &TxOptions{AccessMode: pgx.ReadOnly}, func(ctx context.Context, tx pgx.Tx) error {
 			q := db.New(tx)
 			c, err := q.PruneCutoff(ctx, olderThan)
 			if err != nil {
@@ -132,7 +132,7 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 	for {
 		var n int64
 		var locked bool
-		err := RunTx(ctx, b, nil, func(ctx context.Context, tx pgx.Tx) error {
+		err := Run(ctx, b, nil, func(ctx context.Context, tx pgx.Tx) error {
 			q := db.New(tx)
 			var err error
 			if locked, err = q.TryPruneLock(ctx, pruneLockKey); err != nil {

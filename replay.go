@@ -182,7 +182,7 @@ func (p *Processor) replayTx(ctx context.Context, tx pgx.Tx, row *db.TxhookProce
 		return Result{}, ErrNoPayload
 	}
 	ev := eventOf(*row)
-	herr := RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { return r.handler(ctx, tx, *ev) })
+	herr := RunTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { return r.handler(ctx, tx, *ev) })
 	if herr != nil {
 		if !IsPermanent(herr) {
 			return Result{}, fmt.Errorf("handle event: %w", herr)
@@ -228,7 +228,7 @@ type ReplayReport struct {
 // error does not stop the others. The returned error is set only when the
 // events cannot be listed or ctx ends; the reports then cover the events
 // replayed so far.
-func (p *Processor) ReplayFailed(ctx context.Context, f DeadLetterFilter) ([]ReplayReport, error) {
+func (p *Processor) ReplayFailed(ctx context.Context, f EventFilter) ([]ReplayReport, error) {
 	var events []EventRecord
 	o := p.run
 	o.Tx.AccessMode = pgx.ReadOnly

@@ -103,7 +103,7 @@ func TestReplayLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 				string(rec.Payload) != string(ev.Payload) {
 				t.Errorf("row after the failed replay = %+v, want failed, attempt 2, the new error and the payload", rec)
 			}
-			dead, err := txhook.ListDeadLetters(t.Context(), b.pool, txhook.DeadLetterFilter{})
+			dead, err := txhook.ListDeadLetters(t.Context(), b.pool, txhook.EventFilter{})
 			if err != nil {
 				t.Fatal(err)
 			}

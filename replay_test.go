@@ -254,7 +254,7 @@ func TestReplayFailedSelectsAndReports(t *testing.T) {
 	}
 	r := b.replayer(t, record)
 
-	reports, err := r.ReplayFailed(t.Context(), txhook.DeadLetterFilter{Source: "test"})
+	reports, err := r.ReplayFailed(t.Context(), txhook.EventFilter{Source: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestReplayFailedSelectsAndReports(t *testing.T) {
 		t.Errorf("event of another source: %+v %v, want untouched", rec, err)
 	}
 
-	left, err := txhook.ListDeadLetters(t.Context(), b.d.Pool, txhook.DeadLetterFilter{Type: "thing.happened", Limit: 2})
+	left, err := txhook.ListDeadLetters(t.Context(), b.d.Pool, txhook.EventFilter{Type: "thing.happened", Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestStatsShowsQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Queued != 2 || s.Total != 2 || s.OldestQueuedAge < 89*time.Second || s.OldestQueuedAge > 120*time.Second {
+	if s.Queue.Queued != 2 || s.Total != 2 || s.Queue.OldestAge < 89*time.Second || s.Queue.OldestAge > 120*time.Second {
 		t.Errorf("stats = %+v, want 2 queued, the oldest about 90s old", s)
 	}
 	if out := mustRun(t, d.URL, "events", "list", "--status", "queued"); !strings.Contains(out, "q-1") || !strings.Contains(out, "q-2") {

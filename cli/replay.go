@@ -11,7 +11,7 @@ import (
 
 func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("dead-letters", "dead-letters [--source S] [--type T] [--limit N] [--json]")
-	var f txhook.DeadLetterFilter
+	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "only failed events of this source")
 	fs.StringVar(&f.Type, "type", "", "only failed events of this type")
 	fs.IntVar(&f.Limit, "limit", 100, "show at most N events, oldest first")
@@ -85,7 +85,7 @@ replayed.`
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("replay", replayUsage)
 	all := fs.Bool("all", false, "replay every dead letter that the filters select, oldest first")
-	var f txhook.DeadLetterFilter
+	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "with --all: only failed events of this source")
 	fs.StringVar(&f.Type, "type", "", "with --all: only failed events of this type")
 	fs.IntVar(&f.Limit, "limit", 1000, "with --all: replay at most N events")
