@@ -46,13 +46,13 @@ func (ev Event) Validate() error { return ev.validate(DefaultMaxKeyLen) }
 
 func (ev Event) validate(maxKeyLen int) error {
 	if ev.Source == "" {
-		return &ValidationError{Field: "source", Err: ErrEmptySource}
+		return &ValidationError{Field: "source", Err: ErrEmpty}
 	}
 	if err := checkText(ev.Source, maxSourceLen); err != nil {
 		return &ValidationError{Field: "source", Err: err}
 	}
 	if ev.Key == "" {
-		return &ValidationError{Field: "key", Err: ErrEmptyKey}
+		return &ValidationError{Field: "key", Err: ErrEmpty}
 	}
 	if err := checkText(ev.Key, maxKeyLen); err != nil {
 		return &ValidationError{Field: "key", Err: err}
@@ -67,10 +67,8 @@ func checkText(s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
 		return ErrTooLong
-	case !utf8.ValidString(s):
-		return ErrInvalidUTF8
-	case strings.IndexByte(s, 0) >= 0:
-		return ErrNULByte
+	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
+		return ErrNotText
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package txhook_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -40,7 +39,7 @@ func processWithin(t *testing.T, limit time.Duration, p *txhook.Processor, ev tx
 // the replay guard's check is the handler's first statement, sent with the
 // dedupe step; its wait on another delivery of the same body is bounded by
 // the guard's own LockTimeout, and the delivery is answered
-// ErrReplayInFlight after that wait, once, not after a second attempt.
+// in flight after that wait, once, not after a second attempt.
 func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -86,10 +85,10 @@ func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
 	}()
 
 	start := time.Now()
-	_, err := p.Deliver(t.Context(), withHash("evt_second"), g)
+	res, err := p.Deliver(t.Context(), withHash("evt_second"), g)
 	elapsed := time.Since(start)
-	if !errors.Is(err, txhook.ErrReplayInFlight) {
-		t.Fatalf("Deliver error = %v, want ErrReplayInFlight", err)
+	if err != nil || res.Outcome != txhook.OutcomeInFlight || res.RetryAfter != wait {
+		t.Fatalf("Deliver = %+v, %v; want in flight, retry after the guard's %v", res, err, wait)
 	}
 	if calls != 0 {
 		t.Errorf("handler calls = %d, want 0: the guard's check came first", calls)

@@ -16,10 +16,10 @@ import (
 // defaultReplayLockTimeout is ReplayGuard.LockTimeout's default.
 const defaultReplayLockTimeout = 2 * time.Second
 
-// ErrReplayInFlight is matched by the error of a delivery that gave up
+// errReplayInFlight is matched by the error of a check that gave up
 // waiting, past ReplayGuard.LockTimeout, for another delivery of the same
-// body to finish. Nothing ran or was written: the sender should retry later.
-var ErrReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
+// body to finish: Deliver answers it OutcomeInFlight.
+var errReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
 
 // ReplayError reports that an event's PayloadHash is already recorded under
 // another key of its source within the guard's window: the delivery replays
@@ -63,7 +63,8 @@ type ReplayGuard struct {
 	// row default pruning keeps.
 	Window time.Duration
 	// LockTimeout bounds the wait for another delivery of the same hash;
-	// past it the delivery fails with ErrReplayInFlight. Defaults to 2s.
+	// past it the delivery is answered OutcomeInFlight, nothing run or
+	// written. Defaults to 2s.
 	LockTimeout time.Duration
 }
 
@@ -71,7 +72,7 @@ type ReplayGuard struct {
 // transaction has already recorded the event's key and hash when h runs, so
 // the lock is held until that transaction ends. A replayed body makes the
 // handler fail with a *ReplayError, and a wait past LockTimeout with
-// ErrReplayInFlight; Process then rolls back and returns that error
+// errReplayInFlight; Process then rolls back and returns that error
 // wrapped.
 func (g ReplayGuard) handler(h HandlerFunc) HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
@@ -93,18 +94,23 @@ func (g ReplayGuard) lease(h LeaseHandler) LeaseHandler {
 	return h
 }
 
+// lockTimeout is the guard's LockTimeout, or its default.
+func (g *ReplayGuard) lockTimeout() time.Duration {
+	if g == nil || g.LockTimeout <= 0 {
+		return defaultReplayLockTimeout
+	}
+	return g.LockTimeout
+}
+
 // check takes the guard's lock for ev in q's transaction and looks for
 // another key recorded with ev's hash.
 func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	if len(ev.PayloadHash) == 0 {
 		return nil
 	}
-	window, wait := g.Window, g.LockTimeout
+	window, wait := g.Window, g.lockTimeout()
 	if window <= 0 {
 		window = DefaultRetention
-	}
-	if wait <= 0 {
-		wait = defaultReplayLockTimeout
 	}
 	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
 		Source:        ev.Source,
@@ -115,7 +121,7 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	})
 	switch {
 	case isReplayWait(err):
-		return fmt.Errorf("check replay: %w", errors.Join(ErrReplayInFlight, err))
+		return fmt.Errorf("check replay: %w", errors.Join(errReplayInFlight, err))
 	case err != nil:
 		return fmt.Errorf("check replay: %w", err)
 	case other != "":

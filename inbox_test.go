@@ -212,8 +212,8 @@ func TestAcceptWithReplayGuard(t *testing.T) {
 	case <-time.After(waitBound):
 		t.Fatal("the first delivery did not reach its enqueue")
 	}
-	if _, err := accept(withHash("k-4", "h-3")); !errors.Is(err, txhook.ErrReplayInFlight) {
-		t.Fatalf("while the first holds the lock: Accept error = %v, want ErrReplayInFlight", err)
+	if res, err := accept(withHash("k-4", "h-3")); err != nil || res.Outcome != txhook.OutcomeInFlight {
+		t.Fatalf("while the first holds the lock: Accept = %v, %v; want in flight", res.Outcome, err)
 	}
 	close(q.release)
 	if err := <-first; err != nil {

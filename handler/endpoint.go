@@ -26,10 +26,6 @@ const DefaultMaxBodyBytes = 1 << 20
 // Shopify 5s), after which the sender has given up on the delivery anyway.
 const DefaultBodyReadTimeout = 15 * time.Second
 
-// DefaultReplayWindow is how far back the replay guard looks by default: the
-// default retention of the events table (txhook.DefaultRetention).
-const DefaultReplayWindow = txhook.DefaultRetention
-
 // ReplayGuard selects whether an endpoint checks for replayed bodies.
 type ReplayGuard int
 
@@ -86,7 +82,8 @@ type Config struct {
 	ReplayGuard ReplayGuard
 	// ReplayWindow is how far back the guard looks. Pruning shortens it in
 	// effect to the prune retention (see txhook.PrunerConfig.ReplayWindow).
-	// Defaults to DefaultReplayWindow.
+	// Defaults to txhook.DefaultRetention, the events table's default
+	// retention (the guard's own default, see txhook.ReplayGuard).
 	ReplayWindow time.Duration
 	// ReplayLockTimeout bounds how long the guard waits for a concurrent
 	// delivery of the same body under another key to finish; past it the
@@ -158,12 +155,6 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	case http.StatusConflict, http.StatusServiceUnavailable:
 	default:
 		return nil, fmt.Errorf("handler: new endpoint: InFlightStatus %d is not 409 or 503", c.InFlightStatus)
-	}
-	if c.ReplayWindow == 0 {
-		c.ReplayWindow = DefaultReplayWindow
-	}
-	if c.ReplayLockTimeout == 0 {
-		c.ReplayLockTimeout = 2 * time.Second
 	}
 	guarded := false
 	switch c.ReplayGuard {
@@ -288,19 +279,12 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) re
 		e.logReplay(ctx, ev, re.Key)
 		return reply{outcome: AnswerReplay, status: http.StatusOK}
 	}
-	if errors.Is(err, txhook.ErrReplayInFlight) {
-		// Another delivery of the same body holds the guard's lock.
-		return e.mapResult(txhook.Result{Outcome: txhook.OutcomeInFlight, RetryAfter: guardRetryAfter}, nil)
-	}
 	a := e.mapResult(res, err)
 	if d.Ping && a.outcome == AnswerIgnored {
 		a.outcome = AnswerPing
 	}
 	return a
 }
-
-// guardRetryAfter is the Retry-After answered with txhook.ErrReplayInFlight.
-const guardRetryAfter = 2 * time.Second
 
 func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original string) {
 	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",

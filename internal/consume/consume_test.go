@@ -30,7 +30,7 @@ func TestDecide(t *testing.T) {
 		{"handler error", txhook.Result{}, handlerErr, Retry, handler.AnswerError},
 		{"unavailable", txhook.Result{}, &txhook.UnavailableError{Err: handlerErr}, Retry, handler.AnswerUnavailable},
 		{"commit unknown", txhook.Result{}, fmt.Errorf("x: %w", &txhook.CommitUnknownError{Err: handlerErr}), Retry, handler.AnswerUnavailable},
-		{"invalid key", txhook.Result{}, &txhook.ValidationError{Field: "key", Err: txhook.ErrEmptyKey}, Reject, handler.AnswerBadRequest},
+		{"invalid key", txhook.Result{}, &txhook.ValidationError{Field: "key", Err: txhook.ErrEmpty}, Reject, handler.AnswerBadRequest},
 	} {
 		d := Decide(c.res, c.err, 1, b)
 		if d.Action != c.action || d.Answer != c.answer {
