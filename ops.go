@@ -80,7 +80,7 @@ type EventFilter struct {
 	Source string
 	// Key keeps the event with this key (of any source unless Source is
 	// set).
-	Key string
+	Key    string
 	Status Status
 	Type   string
 	// Since keeps events created at or after it.
@@ -151,7 +151,6 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	}
 	return out, nil
 }
-
 
 // ListDeadLetters returns failed events of f's Source and Type (its other
 // filters are not used), oldest first, at most f.Limit of them, with their
