@@ -176,10 +176,10 @@ func (p *Processor) replayTx(ctx context.Context, tx pgx.Tx, row *db.TxhookProce
 	}
 	r, ok := p.routes.lookup(source, row.EventType)
 	switch {
-	case !ok || r.isLease(): // a lease route registered meanwhile: the next replay runs it
-		return Result{}, fmt.Errorf("%w %q", ErrNoHandler, row.EventType)
 	case row.Payload == nil:
 		return Result{}, ErrNoPayload
+	case !ok || r.isLease(): // a lease route registered meanwhile: the next replay runs it
+		return Result{}, fmt.Errorf("%w %q", ErrNoHandler, row.EventType)
 	}
 	ev := eventOf(*row)
 	herr := RunTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { return r.handler(ctx, tx, *ev) })
