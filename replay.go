@@ -79,10 +79,11 @@ func (p *Processor) replay(ctx context.Context, source, key string) (Result, err
 	if err := p.failStuck(ctx, source, key); err != nil {
 		return Result{}, err
 	}
-	var cur db.EventRouteRow
+	// The stored event, whose route decides how it is replayed.
+	var cur db.TxhookProcessedEvent
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
 		var err error
-		cur, err = q.EventRoute(ctx, db.EventRouteParams{Source: source, EventKey: key})
+		cur, err = q.GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
 		return err
 	})
 	switch {
@@ -93,7 +94,13 @@ func (p *Processor) replay(ctx context.Context, source, key string) (Result, err
 	}
 	if r, ok := p.routes.lookup(source, cur.EventType); ok && r.isLease() &&
 		(cur.Status == statusFailed || cur.Status == statusInProgress) {
-		return p.replayLease(ctx, source, key, r.lease)
+		if cur.Payload == nil {
+			return Result{}, ErrNoPayload
+		}
+		// Under a new claim: its statement waits on the row's lock at most
+		// Config.LockTimeout (in flight past it), and a live claim is in
+		// flight.
+		return p.processLease(ctx, *eventOf(cur), r.lease, true, false)
 	}
 	var res Result
 	var failed *db.TxhookProcessedEvent // the failed row, locked; nil when the event is not failed
@@ -133,28 +140,6 @@ func (p *Processor) failStuck(ctx context.Context, source, key string) error {
 		return fmt.Errorf("take over stuck event: %w", err)
 	}
 	return nil
-}
-
-// replayLease replays the event source/key, failed or held by a claim,
-// under a new claim with h, its route's lease-mode handler: the claim's
-// statement waits on the row's lock at most Config.LockTimeout (in flight
-// past it), and a live claim is in flight.
-func (p *Processor) replayLease(ctx context.Context, source, key string, h LeaseHandler) (Result, error) {
-	var row db.TxhookProcessedEvent
-	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
-		var err error
-		row, err = q.GetEvent(ctx, db.GetEventParams{Source: source, EventKey: key})
-		return err
-	})
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Result{}, ErrEventNotFound
-	case err != nil:
-		return Result{}, fmt.Errorf("read event: %w", err)
-	case row.Payload == nil:
-		return Result{}, ErrNoPayload
-	}
-	return p.processLease(ctx, *eventOf(row), h, true, false)
 }
 
 // replayTx is the body of Replay's transaction: row is the failed event,

@@ -11,30 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const eventRoute = `-- name: EventRoute :one
-SELECT event_type, status FROM txhook_processed_events
-WHERE source = $1 AND event_key = $2
-`
-
-type EventRouteParams struct {
-	Source   string
-	EventKey string
-}
-
-type EventRouteRow struct {
-	EventType string
-	Status    string
-}
-
-// The key's type and status, which decide how Replay runs it: under a claim when its route is in
-// lease mode, in one transaction otherwise.
-func (q *Queries) EventRoute(ctx context.Context, arg EventRouteParams) (EventRouteRow, error) {
-	row := q.db.QueryRow(ctx, eventRoute, arg.Source, arg.EventKey)
-	var i EventRouteRow
-	err := row.Scan(&i.EventType, &i.Status)
-	return i, err
-}
-
 const eventStatus = `-- name: EventStatus :one
 SELECT status FROM txhook_processed_events
 WHERE source = $1 AND event_key = $2

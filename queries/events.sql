@@ -16,12 +16,6 @@ FROM txhook_insert_event(
 SELECT status FROM txhook_processed_events
 WHERE source = @source AND event_key = @event_key;
 
--- name: EventRoute :one
--- The key's type and status, which decide how Replay runs it: under a claim when its route is in
--- lease mode, in one transaction otherwise.
-SELECT event_type, status FROM txhook_processed_events
-WHERE source = @source AND event_key = @event_key;
-
 -- name: InsertFailedEvent :execrows
 -- Records an event whose handler failed permanently, unless the key exists.
 INSERT INTO txhook_processed_events
