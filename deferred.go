@@ -13,7 +13,7 @@ import (
 // transaction's next statement or, at the latest, when it ends (with COMMIT,
 // or with RELEASE SAVEPOINT), in the same round trip. A statement belongs
 // to the transaction it was deferred on: deferred on tx while a savepoint
-// of tx is open (tx.Begin, RunNestedTx, ProcessTx on tx), it is not sent
+// of tx is open (tx.Begin, RunTx, ProcessTx on tx), it is not sent
 // with the savepoint's statements, and waits for tx's own next statement
 // or end, after the savepoint; it commits with tx whether the savepoint is
 // released or rolled back. (A statement sent through tx itself while its
@@ -37,7 +37,7 @@ import (
 // arguments are encoded when it is sent: do not change them after the call.
 //
 // This holds on every path that gives a handler its transaction: Process
-// on any database, ProcessTx, RunTx, RunNestedTx, lease mode's phase two, the
+// on any database, ProcessTx, Run, RunTx, lease mode's phase two, the
 // Replayer, and savepoints begun from those transactions. On a transaction
 // txhook did not begin (a test's own pgx.Tx passed to a handler directly),
 // Deferred returns tx: its statements run at once and return their answers.

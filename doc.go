@@ -40,12 +40,12 @@
 // next statement or with COMMIT. A Processor remembers the keys it saw done
 // (Config.RecentKeys) and answers their redeliveries without a round trip.
 // These hold on every path alike: Process on any database, ProcessTx, lease
-// mode's phase two, the Replayer, RunTx.
+// mode's phase two, the Replayer, Run.
 //
 // A database that cannot be used (unreachable, dropped, a closed pool)
 // gives ErrUnavailable; the HTTP endpoint answers it 503 with Retry-After.
 // A call under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
-// RunNestedTx) that left that transaction unusable gives ErrTxUnusable: the
+// RunTx) that left that transaction unusable gives ErrTxUnusable: the
 // caller rolls it back.
 //
 // # Lease mode
@@ -58,18 +58,19 @@
 //
 // # Transactions
 //
-// RunTx runs a function in a transaction on anything that can begin one
+// Run runs a function in a transaction on anything that can begin one
 // (pool, connection), retrying serialization failures and deadlocks with
 // backoff, rolling back on error and on panic, and reporting a COMMIT whose
-// outcome is unknown as ErrCommitUnknown instead of retrying it. RunNestedTx
+// outcome is unknown as ErrCommitUnknown instead of retrying it. RunTx
 // joins a caller's transaction under a savepoint.
 //
 // # Crash testing
 //
-// Setting TXHOOK_CRASH_POINT (CrashPointEnv) to a crash point's name makes the
-// process exit at that point (after-insert, after-handler, before-commit,
-// after-commit, and lease mode's points), for crash-injection tests with real
-// process deaths. Unset, it costs nothing.
+// Setting TXHOOK_CRASH_POINT to a crash point's name makes the process exit
+// at that point (after-insert, after-handler, before-commit, after-commit,
+// and lease and inbox mode's points), for crash-injection tests with real
+// process deaths; package txhooktest names the points and runs such tests.
+// Unset, it costs nothing.
 //
 // # Schema and operations
 //

@@ -13,19 +13,20 @@ import (
 // everything else. Nothing is written for a rejected event.
 var (
 	ErrInvalidEvent = errors.New("txhook: invalid event")
-	ErrEmptySource  = errors.New("txhook: empty source")
-	ErrEmptyKey     = errors.New("txhook: empty event key")
-	ErrTooLong      = errors.New("txhook: value too long")
-	ErrInvalidUTF8  = errors.New("txhook: invalid UTF-8")
-	ErrNULByte      = errors.New("txhook: NUL byte")
+	// ErrEmpty: the source or the key is empty.
+	ErrEmpty = errors.New("txhook: empty value")
+	// ErrTooLong: the source, key or type is longer than its limit.
+	ErrTooLong = errors.New("txhook: value too long")
+	// ErrNotText: the value cannot be stored as PostgreSQL text: it is not
+	// valid UTF-8 or holds a NUL byte.
+	ErrNotText = errors.New("txhook: not valid UTF-8 text without NUL bytes")
 )
 
 // ValidationError reports which field of an Event was rejected and why.
 type ValidationError struct {
 	// Field is "source", "key" or "type".
 	Field string
-	// Err is one of ErrEmptySource, ErrEmptyKey, ErrTooLong, ErrInvalidUTF8
-	// or ErrNULByte.
+	// Err is ErrEmpty, ErrTooLong or ErrNotText.
 	Err error
 }
 
@@ -96,7 +97,7 @@ type UnavailableError = engine.UnavailableError
 
 // ErrTxUnusable is matched (errors.Is) by the error of a call that ran
 // under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
-// RunNestedTx) and left that transaction in a state nobody knows: the
+// RunTx) and left that transaction in a state nobody knows: the
 // savepoint could not be rolled back after the call failed, or a statement
 // of the handler ended the caller's transaction (ROLLBACK or COMMIT sent as
 // SQL, after which the caller's statements would each commit on their

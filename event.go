@@ -28,35 +28,36 @@ type Event struct {
 
 // Limits applied by Validate.
 const (
-	// MaxSourceLen is the longest accepted source, in bytes.
-	MaxSourceLen = 128
+	// maxSourceLen is the longest accepted source, in bytes.
+	maxSourceLen = 128
 	// DefaultMaxKeyLen is the longest accepted key, in bytes, unless
 	// Config.MaxKeyLen says otherwise.
 	DefaultMaxKeyLen = 255
-	// MaxTypeLen is the longest accepted event type, in bytes.
-	MaxTypeLen = 255
+	// maxTypeLen is the longest accepted event type, in bytes.
+	maxTypeLen = 255
 )
 
 // Validate checks ev against the processor's rules with the default key
-// limit: non-empty source and key, length limits, valid UTF-8 and no NUL
-// bytes in source, key and type. The error is a *ValidationError matching
+// limit: non-empty source and key; at most 128 bytes of source,
+// DefaultMaxKeyLen of key and 255 of type; valid UTF-8 and no NUL bytes in
+// all three. The error is a *ValidationError matching
 // ErrInvalidEvent.
 func (ev Event) Validate() error { return ev.validate(DefaultMaxKeyLen) }
 
 func (ev Event) validate(maxKeyLen int) error {
 	if ev.Source == "" {
-		return &ValidationError{Field: "source", Err: ErrEmptySource}
+		return &ValidationError{Field: "source", Err: ErrEmpty}
 	}
-	if err := checkText(ev.Source, MaxSourceLen); err != nil {
+	if err := checkText(ev.Source, maxSourceLen); err != nil {
 		return &ValidationError{Field: "source", Err: err}
 	}
 	if ev.Key == "" {
-		return &ValidationError{Field: "key", Err: ErrEmptyKey}
+		return &ValidationError{Field: "key", Err: ErrEmpty}
 	}
 	if err := checkText(ev.Key, maxKeyLen); err != nil {
 		return &ValidationError{Field: "key", Err: err}
 	}
-	if err := checkText(ev.Type, MaxTypeLen); err != nil {
+	if err := checkText(ev.Type, maxTypeLen); err != nil {
 		return &ValidationError{Field: "type", Err: err}
 	}
 	return nil
@@ -66,10 +67,8 @@ func checkText(s string, maxLen int) error {
 	switch {
 	case len(s) > maxLen:
 		return ErrTooLong
-	case !utf8.ValidString(s):
-		return ErrInvalidUTF8
-	case strings.IndexByte(s, 0) >= 0:
-		return ErrNULByte
+	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
+		return ErrNotText
 	}
 	return nil
 }

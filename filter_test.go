@@ -33,13 +33,26 @@ func TestMemoryHitsDoNotTurnOnTheRead(t *testing.T) {
 }
 
 // TestReplayedLeaseKeyIsNotAnsweredFromMemory: a key recorded as failed and
-// then claimed again by ReplayLease is in flight, as the database says;
+// then claimed again by a replay is in flight, as the database says;
 // the Processor that saw it failed does not answer it duplicate.
 func TestReplayedLeaseKeyIsNotAnsweredFromMemory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := b.processor(t, nil)
 	ev := event("evt_lease_replayed")
+	entered, release := make(chan struct{}), make(chan struct{})
+	rs := txhook.NewRoutes()
+	rs.Lease(ev.Source, ev.Type, txhook.LeaseHandler{ // the replay's
+		Lease: time.Minute,
+		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
+			close(entered)
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+			return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
+		},
+	})
+	p := b.processor(t, &txhook.Config{Routes: rs})
 	failing := txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 		return nil, txhook.Permanent(errors.New("cannot apply"))
 	}}
@@ -48,7 +61,6 @@ func TestReplayedLeaseKeyIsNotAnsweredFromMemory(t *testing.T) {
 	}
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate) // the database: failed
 
-	entered, release := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() {
 		select {
 		case <-release:
@@ -58,17 +70,7 @@ func TestReplayedLeaseKeyIsNotAnsweredFromMemory(t *testing.T) {
 	})
 	replayed := make(chan error, 1)
 	go func() {
-		_, err := p.ReplayLease(context.Background(), ev, txhook.LeaseHandler{
-			Lease: time.Minute,
-			Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
-				close(entered)
-				select {
-				case <-release:
-				case <-time.After(30 * time.Second):
-				}
-				return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
-			},
-		})
+		_, err := p.Replay(context.Background(), ev.Source, ev.Key)
 		replayed <- err
 	}()
 	select {

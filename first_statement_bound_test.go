@@ -2,7 +2,6 @@ package txhook_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -40,41 +39,59 @@ func processWithin(t *testing.T, limit time.Duration, p *txhook.Processor, ev tx
 // the replay guard's check is the handler's first statement, sent with the
 // dedupe step; its wait on another delivery of the same body is bounded by
 // the guard's own LockTimeout, and the delivery is answered
-// ErrReplayInFlight after that wait, once, not after a second attempt.
+// in flight after that wait, once, not after a second attempt.
 func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const wait = 400 * time.Millisecond
-	p := b.processor(t, &txhook.Config{DedupeWithFirstStatement: true, RecentKeys: -1})
-	g := txhook.ReplayGuard{LockTimeout: wait}
+	var calls int
+	rs := txhook.NewRoutes()
+	rs.Transactional("test", "", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		calls++
+		return insertEffect(ctx, tx, ev)
+	})
+	p := b.processor(t, &txhook.Config{Routes: rs, DedupeWithFirstStatement: true, RecentKeys: -1})
+	g := &txhook.DeliverOptions{Guard: &txhook.ReplayGuard{LockTimeout: wait}}
 	withHash := func(key string) txhook.Event {
 		ev := event(key)
 		ev.PayloadHash = []byte("same body")
 		return ev
 	}
-	// Another delivery of the body holds the guard's lock.
-	tx, err := b.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if res, err := p.ProcessTx(t.Context(), tx, withHash("evt_first"), g.Handler(insertEffect)); err != nil || res.Outcome != txhook.OutcomeProcessed {
-		t.Fatalf("ProcessTx = %v, %v; want processed", res.Outcome, err)
-	}
-
-	var calls int
-	h := g.Handler(insertEffect)
-	start := time.Now()
-	_, err = p.Process(t.Context(), withHash("evt_second"), func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-		calls++
-		return h(ctx, tx, ev)
+	// Another delivery of the body holds the guard's lock: its transaction
+	// is still open.
+	entered, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	hold := txhook.NewRoutes()
+	hold.Transactional("test", "", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		close(entered)
+		<-release
+		return insertEffect(ctx, tx, ev)
 	})
-	elapsed := time.Since(start)
-	if !errors.Is(err, txhook.ErrReplayInFlight) {
-		t.Fatalf("Process error = %v, want ErrReplayInFlight", err)
+	holder := b.processor(t, &txhook.Config{Routes: hold, RecentKeys: -1})
+	go func() {
+		_, err := holder.Deliver(context.Background(), withHash("evt_first"), g)
+		first <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(waitBound):
+		t.Fatal("the first delivery did not reach its handler")
 	}
-	if calls != 1 {
-		t.Errorf("handler calls = %d, want 1", calls)
+	defer func() {
+		close(release)
+		if err := <-first; err != nil {
+			t.Errorf("first delivery: %v", err)
+		}
+	}()
+
+	start := time.Now()
+	res, err := p.Deliver(t.Context(), withHash("evt_second"), g)
+	elapsed := time.Since(start)
+	if err != nil || res.Outcome != txhook.OutcomeInFlight || res.RetryAfter != wait {
+		t.Fatalf("Deliver = %+v, %v; want in flight, retry after the guard's %v", res, err, wait)
+	}
+	if calls != 0 {
+		t.Errorf("handler calls = %d, want 0: the guard's check came first", calls)
 	}
 	if limit := wait * 3 / 2; elapsed >= limit {
 		t.Errorf("answered after %v, want about the guard's LockTimeout %v (below %v)", elapsed, wait, limit)

@@ -16,10 +16,10 @@ import (
 // defaultReplayLockTimeout is ReplayGuard.LockTimeout's default.
 const defaultReplayLockTimeout = 2 * time.Second
 
-// ErrReplayInFlight is matched by the error of a delivery that gave up
+// errReplayInFlight is matched by the error of a check that gave up
 // waiting, past ReplayGuard.LockTimeout, for another delivery of the same
-// body to finish. Nothing ran or was written: the sender should retry later.
-var ErrReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
+// body to finish: Deliver answers it OutcomeInFlight.
+var errReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
 
 // ReplayError reports that an event's PayloadHash is already recorded under
 // another key of its source within the guard's window: the delivery replays
@@ -42,13 +42,16 @@ func (e *ReplayError) Error() string {
 // digest of the signed body that the caller computes and that is stored with
 // the event's key.
 //
-// The check takes a transaction-level advisory lock on (source, hash), so
-// that deliveries of one hash are checked one after another, then looks for
-// another key of the source recorded with that hash within Window. The lock
-// is held until the delivery's own row is committed (or the delivery ends),
-// and the lookup, in a statement of its own, sees what committed while it
-// waited: at READ COMMITTED, which Lease and Run use; Handler runs in
-// Process's transaction, at the processor's isolation level, where a
+// Deliver runs the check (DeliverOptions.Guard) inside the transaction
+// that records the event: a transactional route's own, after its key is
+// inserted; a lease route's claim; an inbox route's accept. It takes a
+// transaction-level advisory lock on (source, hash), so that deliveries of
+// one hash are checked one after another, then looks for another key of
+// the source recorded with that hash within Window. The lock is held until
+// the delivery's own row is committed (or the delivery ends), and the
+// lookup, in a statement of its own, sees what committed while it waited:
+// at READ COMMITTED, which the claim and the accept use; a transactional
+// route's transaction runs at the processor's isolation level, where a
 // stricter level sees only what committed before the transaction began. An
 // event without a PayloadHash is not checked. The zero value is ready to
 // use.
@@ -60,17 +63,18 @@ type ReplayGuard struct {
 	// row default pruning keeps.
 	Window time.Duration
 	// LockTimeout bounds the wait for another delivery of the same hash;
-	// past it the delivery fails with ErrReplayInFlight. Defaults to 2s.
+	// past it the delivery is answered OutcomeInFlight, nothing run or
+	// written. Defaults to 2s.
 	LockTimeout time.Duration
 }
 
-// Handler returns h with the guard's check in front: for Process, whose
+// handler returns h with the guard's check in front: for Process, whose
 // transaction has already recorded the event's key and hash when h runs, so
 // the lock is held until that transaction ends. A replayed body makes the
 // handler fail with a *ReplayError, and a wait past LockTimeout with
-// ErrReplayInFlight; Process then rolls back and returns that error
+// errReplayInFlight; Process then rolls back and returns that error
 // wrapped.
-func (g ReplayGuard) Handler(h HandlerFunc) HandlerFunc {
+func (g ReplayGuard) handler(h HandlerFunc) HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
 		if err := g.check(ctx, tx, ev); err != nil {
 			return err
@@ -79,45 +83,23 @@ func (g ReplayGuard) Handler(h HandlerFunc) HandlerFunc {
 	}
 }
 
-// Lease returns h with the guard's check inside its claim: ProcessLease then
+// lease returns h with the guard's check inside its claim: ProcessLease then
 // takes the guard's lock, looks for the hash and claims the key in one
 // transaction, so the claim (and with it the hash) is committed before the
 // next delivery of the same body is checked. A replayed body makes
 // ProcessLease return an error wrapping a *ReplayError, with nothing claimed
 // and Work not run; a wait past LockTimeout is answered OutcomeInFlight.
-func (g ReplayGuard) Lease(h LeaseHandler) LeaseHandler {
+func (g ReplayGuard) lease(h LeaseHandler) LeaseHandler {
 	h.guard = &g
 	return h
 }
 
-// Run runs fn while holding the guard's lock for ev, after checking ev, in
-// a transaction of its own on d: for deliveries applied by code that records
-// ev (with its PayloadHash) before it returns, through Process,
-// ProcessLease or anything else, outside the guard's reach. The lock, and
-// the connection it holds, are kept until fn returns. A replayed body
-// returns a *ReplayError and a wait past LockTimeout ErrReplayInFlight,
-// without running fn; otherwise Run returns fn's error. A fn that needs a
-// connection of its own (Process, ProcessLease) holds two at once: if they
-// come from one pool, its MaxConns must be at least twice the concurrent
-// calls of Run, or they can all wait for a second connection.
-func (g ReplayGuard) Run(ctx context.Context, d Beginner, ev Event, fn func(ctx context.Context) error) error {
-	if len(ev.PayloadHash) == 0 {
-		return fn(ctx)
+// lockTimeout is the guard's LockTimeout, or its default.
+func (g *ReplayGuard) lockTimeout() time.Duration {
+	if g == nil || g.LockTimeout <= 0 {
+		return defaultReplayLockTimeout
 	}
-	checked := false
-	err := RunTx(ctx, d, &TxOptions{IsoLevel: pgx.ReadCommitted, MaxAttempts: 1}, func(ctx context.Context, tx pgx.Tx) error {
-		if err := g.check(ctx, tx, ev); err != nil {
-			return err
-		}
-		checked = true
-		return fn(ctx)
-	})
-	if err != nil && !checked && !errors.Is(err, ErrReplayInFlight) {
-		if _, ok := errors.AsType[*ReplayError](err); !ok {
-			return fmt.Errorf("check replay: %w", err)
-		}
-	}
-	return err
+	return g.LockTimeout
 }
 
 // check takes the guard's lock for ev in q's transaction and looks for
@@ -126,12 +108,9 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	if len(ev.PayloadHash) == 0 {
 		return nil
 	}
-	window, wait := g.Window, g.LockTimeout
+	window, wait := g.Window, g.lockTimeout()
 	if window <= 0 {
 		window = DefaultRetention
-	}
-	if wait <= 0 {
-		wait = defaultReplayLockTimeout
 	}
 	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
 		Source:        ev.Source,
@@ -142,7 +121,7 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	})
 	switch {
 	case isReplayWait(err):
-		return fmt.Errorf("check replay: %w", errors.Join(ErrReplayInFlight, err))
+		return fmt.Errorf("check replay: %w", errors.Join(errReplayInFlight, err))
 	case err != nil:
 		return fmt.Errorf("check replay: %w", err)
 	case other != "":

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -36,30 +37,22 @@ const OutcomeQueued = OutcomeFailed + 1
 // yet applied.
 const statusQueued = "queued"
 
-// EnqueueFunc inserts the job that will apply an accepted event, in tx, the
-// transaction that records the event as queued (River's InsertTx), and
-// returns the job's id, which is recorded with the event. It runs before the
-// event's key is known to be new: a duplicate rolls its job back.
-type EnqueueFunc func(ctx context.Context, tx pgx.Tx, ev Event) (jobID int64, err error)
-
-// Accept records ev as queued and enqueues its job, in one new transaction
-// on the Processor's database, in two round trips: enqueue's first
-// statement travels with BEGIN; the row's insert, with the job's id,
-// travels with COMMIT, so the row is written once. The payload and payload
-// hash are stored whatever Config.StorePayload says: the job reads the
-// payload from the row (its arguments name only the source and key).
+// accept records ev as queued and enqueues its job in q, in one transaction
+// at at: Deliver's inbox mode. It takes two round trips on a new
+// transaction: the job's insert, the first statement, travels with BEGIN;
+// the row's insert, with the job's id, travels with COMMIT, so the row is
+// written once. The payload and payload hash are stored whatever
+// Config.StorePayload says: the job reads the payload from the row (its
+// arguments name only the source and key).
 //
 // A nil error comes with one of the outcomes:
 //   - queued: the key was new; the row and the job are committed, and the
 //     sender may be acknowledged;
 //   - duplicate: the key exists, queued, in progress, done or failed; the
 //     insert answered so with COMMIT's round trip, and nothing was
-//     committed: the job enqueue inserted rolled back with the rest;
+//     committed: the job q inserted rolled back with the rest;
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
-//
-// Since enqueue runs before the key is known new, it must write only
-// through tx (River's InsertTx does).
 //
 // With a ReplayGuard, its check runs first in the transaction; its lock is
 // held until COMMIT, with which the row is inserted, so the next delivery
@@ -70,23 +63,7 @@ type EnqueueFunc func(ctx context.Context, tx pgx.Tx, ev Event) (jobID int64, er
 // cannot be known), and the sender must not be acknowledged; a database
 // that cannot be used gives an *UnavailableError. ctx bounds the work up to
 // COMMIT.
-func (p *Processor) Accept(ctx context.Context, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
-	return p.accept(ctx, engine.Begin(p.db), ev, g, enqueue)
-}
-
-// AcceptTx is Accept inside tx, a transaction the caller owns, under a
-// savepoint: the row and the job commit when the caller commits tx, and a
-// duplicate or an error rolls back only Accept's own work, unless the error
-// matches ErrTxUnusable (see ProcessTx). The caller must not acknowledge the
-// event before tx commits.
-func (p *Processor) AcceptTx(ctx context.Context, tx pgx.Tx, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
-	return p.accept(ctx, engine.Savepoint(tx), ev, g, enqueue)
-}
-
-func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *ReplayGuard, enqueue EnqueueFunc) (Result, error) {
-	if enqueue == nil {
-		return Result{}, errors.New("txhook: accept: nil enqueue")
-	}
+func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *ReplayGuard, q Queue) (Result, error) {
 	if err := ev.validate(p.maxKeyLen); err != nil {
 		return Result{}, err
 	}
@@ -103,7 +80,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 					return err
 				}
 			}
-			id, err := enqueue(ctx, tx, ev)
+			id, err := q.Enqueue(ctx, tx, ev)
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
@@ -152,40 +129,37 @@ type QueuedJob struct {
 	// try, which failed and will be retried: the log of a failed try calls
 	// it once, as the try ends (River's retry policy counts from then).
 	NextTry func() time.Time
-	// Complete, if set, runs in the transaction that settles the event,
-	// after the handler: the queue's own completion of the job (River's
-	// JobCompleteTx, for one), so that the event and its job settle
-	// together or not at all. It is not run when the event is recorded as
-	// failed: the queue then ends the job itself. Without it the queue
-	// completes the job after the worker returns, and a job run again
-	// finds its event settled: package inbox leaves it unset, since
-	// River's completer records completions in batches for much less.
-	Complete func(ctx context.Context, tx pgx.Tx) error
 }
 
-// ApplyQueued applies the queued event j names with h, exactly once. In one
-// new transaction on the Processor's database it locks the event's row (the
+// ApplyQueued applies the queued event j names, exactly once, with the
+// route registered for its source and type (Config.Routes), found from the
+// event's row: the queue's job carries only the source and key. In one new
+// transaction on the Processor's database it locks the event's row (the
 // lock travels with BEGIN and waits for a concurrent apply of the same
 // event to end) and then:
 //   - when the event is already settled (done or failed) or gone (pruned),
-//     runs only j.Complete and commits: OutcomeDuplicate;
-//   - when it is queued, runs h on the stored payload, runs j.Complete,
+//     commits nothing: OutcomeDuplicate;
+//   - when it is queued, runs the route's handler on the stored payload,
 //     marks the row done (the mark travels with COMMIT) and commits:
 //     OutcomeProcessed;
 //   - when a lease-mode claim holds it (the key was claimed through
-//     ProcessLease), changes nothing: OutcomeInFlight with RetryAfter.
+//     ProcessLease), changes nothing: OutcomeInFlight with RetryAfter;
+//   - when its route is in lease mode (InboxLease), applies it as
+//     applyQueuedLease says, under a claim.
 //
-// h's error rolls everything back. A PermanentError, or any error on
-// j.LastAttempt, then records the event as failed, with its payload, for an
-// operator to replay (Replayer): OutcomeFailed with Result.Err, j.Complete
-// not run. Any other error is recorded on the row (attempts, last error) and
-// returned: the queue retries the job, and the row stays queued. A panic in
-// h rolls back too and is recorded the same way ("handler panicked: " and
-// its value: a dead letter on j.LastAttempt, the try's error otherwise)
-// before it is raised again.
+// An event whose source and type have no route is recorded as failed (a
+// dead letter: register the route, then replay it). The handler's error
+// rolls everything back. A PermanentError, or any error on j.LastAttempt,
+// then records the event as failed, with its payload, for an operator to
+// replay (Replay): OutcomeFailed with Result.Err. Any other error is
+// recorded on the row (attempts, last error) and returned: the queue
+// retries the job, and the row stays queued. A panic in the handler rolls
+// back too and is recorded the same way ("handler panicked: " and its
+// value: a dead letter on j.LastAttempt, the try's error otherwise) before
+// it is raised again.
 //
-// Two errors are never h's failure, and are returned with the row left
-// queued, on the last attempt too: the queue must run the job again.
+// Two errors are never the handler's failure, and are returned with the row
+// left queued, on the last attempt too: the queue must run the job again.
 //   - A database that could not be used or a commit of unknown outcome
 //     (errors matching ErrUnavailable or ErrCommitUnknown), recorded on the
 //     row when the database answers; the queue's retry finds the event
@@ -194,21 +168,19 @@ type QueuedJob struct {
 //   - A cancellation of ctx (context.Canceled, not its deadline): the queue
 //     is shutting down, and runs the job again after the restart (River
 //     does so without counting the try). A try whose ctx deadline ran out
-//     is h's failure.
+//     is the handler's failure.
 //
 // Every failed try is logged through Config.Logger.
 //
 // The transaction is retried, as Process's is, after a serialization
 // failure or deadlock. ctx bounds the work up to COMMIT.
-func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc) (Result, error) {
-	if h == nil {
-		return Result{}, errors.New("txhook: apply queued event: nil handler")
-	}
-	p.crash.at(CrashInboxAfterFetch)
+func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error) {
+	p.crash.At(crash.InboxAfterFetch)
 	var (
 		row     db.LockQueuedEventRow
 		settled bool
 		res     Result
+		lease   LeaseHandler // the route's, when it is in lease mode
 	)
 	defer func() {
 		if v := recover(); v != nil {
@@ -231,28 +203,30 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 			return nil
 		},
 		Body: func(ctx context.Context, tx pgx.Tx) error {
-			switch row.Status {
-			case statusQueued:
-			case statusInProgress:
+			if row.Status != statusQueued && row.Status != statusInProgress {
+				settled = true // done, failed, or no row
+				return nil
+			}
+			r, ok := p.routes.lookup(j.Source, row.EventType)
+			switch {
+			case ok && r.isLease():
+				lease = r.lease
+				return errLeaseApply
+			case row.Status == statusInProgress:
 				res = Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}
 				return errRollback
-			default: // done, failed, or no row
-				settled = true
-				return j.complete(ctx, tx)
+			case !ok:
+				return Permanent(fmt.Errorf("%w %q of source %q", ErrNoHandler, row.EventType, j.Source))
 			}
 			ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
-			if err := h(ctx, tx, ev); err != nil {
+			if err := r.handler(ctx, tx, ev); err != nil {
 				if IsPermanent(err) {
 					return err
 				}
 				return fmt.Errorf("handle event: %w", err)
 			}
-			p.crash.at(CrashInboxAfterHandler)
-			if err := j.complete(ctx, tx); err != nil {
-				return err
-			}
-			// The done mark travels with COMMIT (a job completion, a
-			// query, could not carry it).
+			p.crash.At(crash.InboxAfterHandler)
+			// The done mark travels with COMMIT.
 			if _, err := db.New(engine.Deferred(tx)).MarkQueuedDone(ctx, db.MarkQueuedDoneParams{
 				Attempt: int32(j.Attempt), KeepPayload: p.storePayload, Source: j.Source, EventKey: j.Key,
 			}); err != nil {
@@ -260,20 +234,26 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob, h HandlerFunc)
 			}
 			return nil
 		},
-		BeforeCommit: func() { p.crash.at(CrashInboxBeforeCommit) },
+		BeforeCommit: func() { p.crash.At(crash.InboxBeforeCommit) },
 	})
 	switch {
 	case err == nil:
-		p.crash.at(CrashInboxAfterCommit)
+		p.crash.At(crash.InboxAfterCommit)
 		if settled {
 			return Result{Outcome: OutcomeDuplicate}, nil
 		}
 		return Result{Outcome: OutcomeProcessed}, nil
 	case errors.Is(err, errRollback):
 		return res, nil
+	case errors.Is(err, errLeaseApply):
+		return p.applyQueuedLease(ctx, j, lease)
 	}
 	return p.queuedTryFailed(ctx, j, row.EventType, err)
 }
+
+// errLeaseApply stops ApplyQueued's transaction for an event whose route is
+// in lease mode: it is applied under a claim instead.
+var errLeaseApply = errors.New("txhook: apply under a claim")
 
 // queuedTryFailed settles a try of j that failed with err: a database fault
 // is recorded on the row (when the database answers) and returned, a
@@ -344,16 +324,6 @@ func (p *Processor) logQueuedTry(ctx context.Context, j QueuedJob, eventType str
 	p.log.LogAttrs(ctx, level, msg, attrs...)
 }
 
-func (j QueuedJob) complete(ctx context.Context, tx pgx.Tx) error {
-	if j.Complete == nil {
-		return nil
-	}
-	if err := j.Complete(ctx, tx); err != nil {
-		return fmt.Errorf("complete job: %w", err)
-	}
-	return nil
-}
-
 // failQueued records the queued event of j as failed after herr.
 func (p *Processor) failQueued(ctx context.Context, j QueuedJob, herr error) (Result, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.run.FinishTimeout)
@@ -391,18 +361,17 @@ func (p *Processor) recordQueuedError(ctx context.Context, j QueuedJob, herr err
 	})
 }
 
-// ApplyQueuedLease is ApplyQueued for a lease-mode handler: for events whose
-// effects reach outside the database. It claims the queued event (or takes
+// applyQueuedLease is ApplyQueued for an event whose route is in lease mode:
+// for events whose effects reach outside the database. It claims the queued event (or takes
 // over a claim whose lease has ended, after a handler error or a dead
 // worker) with a fencing token, runs h.Work while renewing the claim, and
 // then, in one transaction, marks the event done conditional on the token,
-// runs the TxFunc Work returned (phase two) and j.Complete, and commits.
+// runs the TxFunc Work returned (phase two), and commits.
 // Pass Claim.IdempotencyKey to every external call: a takeover runs the work
 // again. The token is the event's attempts, raised to j.Attempt when that is
 // higher (it still grows with every claim).
 //
-// Outcomes are ApplyQueued's: duplicate (settled or gone: only j.Complete
-// ran, in a transaction of its own), processed, in flight (a live claim
+// Outcomes are ApplyQueued's: duplicate (settled or gone), processed, in flight (a live claim
 // holds the event; retry after Result.RetryAfter), failed (Permanent, or any
 // error or panic on j.LastAttempt but a database fault, a cancellation of
 // ctx and a lost claim). Any other error releases the claim at once and is
@@ -410,12 +379,11 @@ func (p *Processor) recordQueuedError(ctx context.Context, j QueuedJob, herr err
 // error matching ErrLeaseLost, with nothing of phase two committed. A panic
 // releases the claim (or, on j.LastAttempt, records the event as failed) and
 // is raised again. Every failed try is logged through Config.Logger.
-func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHandler) (res Result, err error) {
+func (p *Processor) applyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHandler) (res Result, err error) {
 	s, err := h.settings()
 	if err != nil {
 		return Result{}, err
 	}
-	p.crash.at(CrashInboxAfterFetch)
 	started := time.Now()
 	var row db.ClaimQueuedEventRow
 	defer func() {
@@ -451,12 +419,11 @@ func (p *Processor) ApplyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 		}
 		return err
 	}
-	return p.runClaim(ctx, c, ev, s, started, false, h.Work, j.complete, lastAttempt)
+	return p.runClaim(ctx, c, ev, s, started, false, h.Work, lastAttempt)
 }
 
 // settledOrHeld answers a lease-mode job whose event could not be claimed:
-// settled or gone (the job is completed, in a transaction of its own), or
-// held by a live claim (in flight).
+// settled or gone, or held by a live claim (in flight).
 func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, error) {
 	var res Result
 	err := engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
@@ -477,7 +444,7 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 			}
 			return nil
 		},
-		Body: func(ctx context.Context, tx pgx.Tx) error { return j.complete(ctx, tx) },
+		Body: func(context.Context, pgx.Tx) error { return nil },
 	})
 	if err != nil && !errors.Is(err, errRollback) {
 		return Result{}, err
@@ -485,8 +452,8 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 	return res, nil
 }
 
-// FailStuck records as failed the stuck inbox events of sources (of every
-// source when sources is empty): those queued, or in progress with their
+// FailStuck records as failed the stuck inbox events of sources (of the
+// sources of the Processor's inbox routes when sources is empty): those queued, or in progress with their
 // lease ended, whose queue job is gone (deleted), completed, discarded or
 // cancelled, and which no job will therefore apply. Their jobs are River's,
 // looked up in riverSchema's river_job ("" for the one the search path
@@ -506,7 +473,9 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 // primary key.
 func (p *Processor) FailStuck(ctx context.Context, riverSchema string, sources []string) ([]EventRecord, error) {
 	if len(sources) == 0 {
-		sources = nil // every source
+		if sources = p.routes.inboxSources(); len(sources) == 0 {
+			return nil, nil // no inbox route: nothing of this processor's is queued
+		}
 	}
 	var rows []db.FailStuckEventsRow
 	err := p.autocommit(ctx, func(ctx context.Context, q *db.Queries) error {
@@ -561,6 +530,6 @@ func (s *Stats) readQueue(ctx context.Context, q Querier) error {
 	if err != nil {
 		return err
 	}
-	s.Queued, s.OldestQueuedAt, s.OldestQueuedAge = qs.Queued, qs.OldestAt, qs.OldestAge
+	s.Queue = qs
 	return nil
 }

@@ -34,11 +34,6 @@ type applyResult struct {
 func TestConcurrentAppliesOfAQueuedEventRunTheHandlerOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
-	if _, err := p.Accept(t.Context(), event("q-1"), nil, enqueueJob); err != nil {
-		t.Fatal(err)
-	}
 	rel := newReleased(t)
 	entered := make(chan struct{}, 2)
 	h := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
@@ -49,10 +44,14 @@ func TestConcurrentAppliesOfAQueuedEventRunTheHandlerOnce(t *testing.T) {
 		<-rel.ch
 		return nil
 	}
+	p := b.inbox(t, nil, h, &jobQueue{})
+	if _, err := accept(t, p, event("q-1"), nil); err != nil {
+		t.Fatal(err)
+	}
 	j := txhook.QueuedJob{Source: "test", Key: "q-1"}
 	results := make(chan applyResult, 2)
 	apply := func() {
-		res, err := p.ApplyQueued(boundedCtx(t), j, h)
+		res, err := p.ApplyQueued(boundedCtx(t), j)
 		results <- applyResult{res, err}
 	}
 	go apply()
@@ -101,11 +100,6 @@ func TestConcurrentAppliesOfAQueuedEventRunTheHandlerOnce(t *testing.T) {
 func TestQueuedLeaseClaimIsNotTakenWhileLive(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
-	if _, err := p.Accept(t.Context(), event("l-1"), nil, enqueueJob); err != nil {
-		t.Fatal(err)
-	}
 	rel := newReleased(t)
 	claims := make(chan txhook.Claim, 2)
 	h := txhook.LeaseHandler{Lease: 10 * time.Second, Work: func(_ context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
@@ -113,9 +107,21 @@ func TestQueuedLeaseClaimIsNotTakenWhileLive(t *testing.T) {
 		<-rel.ch
 		return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 	}}
+	if _, err := b.pool.Exec(t.Context(), `CREATE TABLE jobs (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	rs := txhook.NewRoutes()
+	rs.InboxLease("test", "", h)
+	p := b.processor(t, &txhook.Config{Routes: rs})
+	if err := p.UseQueue(&jobQueue{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := accept(t, p, event("l-1"), nil); err != nil {
+		t.Fatal(err)
+	}
 	j := txhook.QueuedJob{Source: "test", Key: "l-1"}
 	run := func(results chan<- applyResult) {
-		res, err := p.ApplyQueuedLease(boundedCtx(t), j, h)
+		res, err := p.ApplyQueued(boundedCtx(t), j)
 		results <- applyResult{res, err}
 	}
 	first, second := make(chan applyResult, 1), make(chan applyResult, 1)

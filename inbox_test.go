@@ -3,6 +3,7 @@ package txhook_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,38 +11,94 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/pgtrace"
 )
 
-// jobsTable makes a stand-in for a job queue's table: Accept's enqueue inserts into
-// it in the accepting transaction, and Complete deletes from it in the
-// applying one.
-func (b *bundle) jobsTable(t *testing.T) {
+// jobQueue is a stand-in for a job queue (River itself is tested in package
+// inbox): Enqueue inserts a row into the jobs table, in the accepting
+// transaction.
+type jobQueue struct {
+	// query inserts through Query, as River's InsertTx does: a multi-row
+	// query, which the engine's first batch must carry too.
+	query bool
+	// fail, when set, is Enqueue's error.
+	fail error
+	// hold, when set, is the key whose Enqueue waits, after its insert,
+	// until release is closed, keeping its transaction open (and the
+	// replay guard's lock, taken before it, held).
+	hold    string
+	held    chan struct{} // closed once the held Enqueue waits
+	release chan struct{}
+}
+
+func (q *jobQueue) Enqueue(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
+	if q.fail != nil {
+		return 0, q.fail
+	}
+	var id int64
+	if q.query {
+		rows, err := tx.Query(ctx, `INSERT INTO jobs (key) VALUES ($1) RETURNING id`, ev.Key)
+		if err != nil {
+			return 0, err
+		}
+		if id, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64]); err != nil {
+			return 0, err
+		}
+	} else if err := tx.QueryRow(ctx, `INSERT INTO jobs (key) VALUES ($1) RETURNING id`, ev.Key).Scan(&id); err != nil {
+		return 0, err
+	}
+	if q.hold == ev.Key {
+		close(q.held)
+		<-q.release
+	}
+	return id, nil
+}
+
+// inbox returns a Processor whose source "test" has one route, its
+// fallback, in inbox mode with h, on the queue q (and makes the jobs table
+// q writes to).
+func (b *bundle) inbox(t *testing.T, cfg *txhook.Config, h txhook.HandlerFunc, q txhook.Queue) *txhook.Processor {
+	t.Helper()
+	return b.inboxOn(t, b.pool, cfg, h, q)
+}
+
+// inboxOn is inbox on the database d.
+func (b *bundle) inboxOn(t *testing.T, d txhook.Beginner, cfg *txhook.Config, h txhook.HandlerFunc, q txhook.Queue) *txhook.Processor {
 	t.Helper()
 	if _, err := b.pool.Exec(t.Context(), `CREATE TABLE jobs (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func enqueueJob(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
-	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO jobs (key) VALUES ($1) RETURNING id`, ev.Key).Scan(&id)
-	return id, err
-}
-
-func completeJob(key string) func(context.Context, pgx.Tx) error {
-	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM jobs WHERE key = $1`, key)
-		return err
+	var c txhook.Config
+	if cfg != nil {
+		c = *cfg
 	}
+	c.Routes = txhook.NewRoutes()
+	c.Routes.Inbox("test", "", h)
+	p, err := txhook.NewProcessor(d, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.UseQueue(q); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.UseQueue(q); err == nil {
+		t.Fatal("a second UseQueue succeeded")
+	}
+	return p
+}
+
+// accept delivers ev to p's inbox route.
+func accept(t *testing.T, p *txhook.Processor, ev txhook.Event, g *txhook.ReplayGuard) (txhook.Result, error) {
+	t.Helper()
+	return p.Deliver(boundedCtx(t), ev, &txhook.DeliverOptions{Guard: g})
 }
 
 func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
+	p := b.inbox(t, nil, insertEffect, &jobQueue{})
 	ev := event("a-1")
-	res, err := p.Accept(t.Context(), ev, nil, enqueueJob)
+	res, err := accept(t, p, ev, nil)
 	if err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
 	}
@@ -53,7 +110,7 @@ func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
 		t.Fatalf("record = %+v: want queued, with its job and payload (StorePayload off notwithstanding)", rec)
 	}
 	for _, want := range []txhook.Outcome{txhook.OutcomeDuplicate, txhook.OutcomeDuplicate} {
-		res, err := p.Accept(t.Context(), ev, nil, enqueueJob)
+		res, err := accept(t, p, ev, nil)
 		if err != nil || res.Outcome != want {
 			t.Fatalf("redelivery: Accept = %v, %v; want %v", res.Outcome, err, want)
 		}
@@ -62,25 +119,18 @@ func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
 		t.Fatalf("%d jobs, want 1", n)
 	}
 	// Settled, the key is still a duplicate and enqueues nothing.
-	if res, err := p.ApplyQueued(t.Context(), txhook.QueuedJob{Source: "test", Key: "a-1", Complete: completeJob("a-1")}, insertEffect); err != nil || res.Outcome != txhook.OutcomeProcessed {
+	if res, err := p.ApplyQueued(t.Context(), txhook.QueuedJob{Source: "test", Key: "a-1"}); err != nil || res.Outcome != txhook.OutcomeProcessed {
 		t.Fatalf("ApplyQueued = %v, %v; want processed", res.Outcome, err)
 	}
-	if res, err := p.Accept(t.Context(), ev, nil, enqueueJob); err != nil || res.Outcome != txhook.OutcomeDuplicate {
+	if n := b.effects(t, "a-1"); n != 1 {
+		t.Fatalf("effects = %d after the apply, want 1", n)
+	}
+	if res, err := accept(t, p, ev, nil); err != nil || res.Outcome != txhook.OutcomeDuplicate {
 		t.Fatalf("Accept after done = %v, %v; want duplicate", res.Outcome, err)
 	}
-	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 0 {
-		t.Fatalf("%d jobs after the apply completed its job, want 0", n)
+	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 1 {
+		t.Fatalf("%d jobs after a redelivery of the done key, want 1", n)
 	}
-}
-
-// enqueueJobQuery is enqueueJob through Query, as River's InsertTx sends its
-// insert: a multi-row query, which the engine's first batch must carry too.
-func enqueueJobQuery(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
-	rows, err := tx.Query(ctx, `INSERT INTO jobs (key) VALUES ($1) RETURNING id`, ev.Key)
-	if err != nil {
-		return 0, err
-	}
-	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
 }
 
 // TestAcceptTwoRoundTrips checks the accept's statements: the job's insert
@@ -89,10 +139,10 @@ func enqueueJobQuery(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, er
 func TestAcceptTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p, tr := tracedProcessor(t, b, nil)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
+	p := b.inboxOn(t, pool, nil, insertEffect, &jobQueue{query: true})
 	// The first call on a connection also prepares the statements.
-	if res, err := p.Accept(t.Context(), event("a-warm"), nil, enqueueJobQuery); err != nil || res.Outcome != txhook.OutcomeQueued {
+	if res, err := accept(t, p, event("a-warm"), nil); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("warm-up Accept = %v, %v; want queued", res.Outcome, err)
 	}
 	tr.Take()
@@ -105,7 +155,7 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 		{"new", txhook.OutcomeQueued, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}}},
 		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}, {"rollback"}}},
 	} {
-		res, err := p.Accept(t.Context(), event("a-1"), nil, enqueueJobQuery)
+		res, err := accept(t, p, event("a-1"), nil)
 		if err != nil || res.Outcome != c.want {
 			t.Fatalf("%s: Accept = %v, %v; want %v", c.name, res.Outcome, err, c.want)
 		}
@@ -128,17 +178,15 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 func TestAcceptWithReplayGuard(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
+	q := &jobQueue{query: true, hold: "k-3", held: make(chan struct{}), release: make(chan struct{})}
+	p := b.inbox(t, nil, insertEffect, q)
 	g := &txhook.ReplayGuard{LockTimeout: 100 * time.Millisecond}
 	withHash := func(key, hash string) txhook.Event {
 		ev := event(key)
 		ev.PayloadHash = []byte(hash)
 		return ev
 	}
-	accept := func(ev txhook.Event) (txhook.Result, error) {
-		return p.Accept(t.Context(), ev, g, enqueueJobQuery)
-	}
+	accept := func(ev txhook.Event) (txhook.Result, error) { return accept(t, p, ev, g) }
 	if res, err := accept(withHash("k-1", "h-1")); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
 	}
@@ -149,21 +197,27 @@ func TestAcceptWithReplayGuard(t *testing.T) {
 		t.Fatalf("same body, new key: Accept error = %v, want a replay of k-1", err)
 	}
 
-	// Overlapping: the first delivery's transaction holds the guard's lock,
-	// its row inserted, while the second checks.
-	tx, err := b.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
+	// Overlapping: the first delivery's transaction holds the guard's lock
+	// while the second checks.
+	first := make(chan error, 1)
+	go func() {
+		res, err := accept(withHash("k-3", "h-3"))
+		if err == nil && res.Outcome != txhook.OutcomeQueued {
+			err = fmt.Errorf("outcome %v, want queued", res.Outcome)
+		}
+		first <- err
+	}()
+	select {
+	case <-q.held:
+	case <-time.After(waitBound):
+		t.Fatal("the first delivery did not reach its enqueue")
 	}
-	defer tx.Rollback(context.Background())
-	if res, err := p.AcceptTx(t.Context(), tx, withHash("k-3", "h-3"), g, enqueueJobQuery); err != nil || res.Outcome != txhook.OutcomeQueued {
-		t.Fatalf("AcceptTx = %v, %v; want queued", res.Outcome, err)
+	if res, err := accept(withHash("k-4", "h-3")); err != nil || res.Outcome != txhook.OutcomeInFlight {
+		t.Fatalf("while the first holds the lock: Accept = %v, %v; want in flight", res.Outcome, err)
 	}
-	if _, err := accept(withHash("k-4", "h-3")); !errors.Is(err, txhook.ErrReplayInFlight) {
-		t.Fatalf("while the first holds the lock: Accept error = %v, want ErrReplayInFlight", err)
-	}
-	if err := tx.Commit(t.Context()); err != nil {
-		t.Fatal(err)
+	close(q.release)
+	if err := <-first; err != nil {
+		t.Fatalf("the first delivery: %v", err)
 	}
 	if _, err := accept(withHash("k-4", "h-3")); !isReplayOf(err, "k-3") {
 		t.Fatalf("after the first committed: Accept error = %v, want a replay of k-3", err)
@@ -184,9 +238,9 @@ func isReplayOf(err error, key string) bool {
 func TestAcceptRollsBackWhenEnqueueFails(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := b.processor(t, nil)
 	boom := errors.New("queue full")
-	_, err := p.Accept(t.Context(), event("a-1"), nil, func(context.Context, pgx.Tx, txhook.Event) (int64, error) { return 0, boom })
+	p := b.inbox(t, nil, insertEffect, &jobQueue{fail: boom})
+	_, err := accept(t, p, event("a-1"), nil)
 	if !errors.Is(err, boom) {
 		t.Fatalf("Accept = %v, want the enqueue error", err)
 	}
@@ -198,17 +252,18 @@ func TestAcceptRollsBackWhenEnqueueFails(t *testing.T) {
 func TestAcceptInFlightWhileAnotherHoldsTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, &txhook.Config{LockTimeout: 100 * time.Millisecond})
+	p := b.inbox(t, &txhook.Config{LockTimeout: 100 * time.Millisecond}, insertEffect, &jobQueue{})
+	// Another delivery holds the key: its row is inserted, not committed.
 	tx, err := b.pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if res, err := p.AcceptTx(t.Context(), tx, event("a-1"), nil, enqueueJob); err != nil || res.Outcome != txhook.OutcomeQueued {
-		t.Fatalf("AcceptTx = %v, %v; want queued", res.Outcome, err)
+	if _, err := tx.Exec(t.Context(), `INSERT INTO txhook_processed_events (source, event_key, status)
+		VALUES ('test', 'a-1', 'queued')`); err != nil {
+		t.Fatal(err)
 	}
-	res, err := p.Accept(t.Context(), event("a-1"), nil, enqueueJob)
+	res, err := accept(t, p, event("a-1"), nil)
 	if err != nil || res.Outcome != txhook.OutcomeInFlight || res.RetryAfter <= 0 {
 		t.Fatalf("concurrent Accept = %+v, %v; want in flight with a retry hint", res, err)
 	}
@@ -220,28 +275,21 @@ func TestAcceptInFlightWhileAnotherHoldsTheKey(t *testing.T) {
 	}
 }
 
-func TestApplyQueuedSettledOnlyCompletes(t *testing.T) {
+func TestApplyQueuedSettledRunsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
-	mustProcess(t, p, event("a-1"), insertEffect, txhook.OutcomeProcessed)
-	if _, err := b.pool.Exec(t.Context(), `INSERT INTO jobs (key) VALUES ('a-1'), ('gone')`); err != nil {
-		t.Fatal(err)
-	}
 	ran := false
 	h := func(context.Context, pgx.Tx, txhook.Event) error { ran = true; return nil }
+	p := b.inbox(t, nil, h, &jobQueue{})
+	mustProcess(t, p, event("a-1"), insertEffect, txhook.OutcomeProcessed)
 	for _, key := range []string{"a-1", "gone"} {
-		res, err := p.ApplyQueued(t.Context(), txhook.QueuedJob{Source: "test", Key: key, Complete: completeJob(key)}, h)
+		res, err := p.ApplyQueued(t.Context(), txhook.QueuedJob{Source: "test", Key: key})
 		if err != nil || res.Outcome != txhook.OutcomeDuplicate {
 			t.Fatalf("ApplyQueued(%s) = %v, %v; want duplicate", key, res.Outcome, err)
 		}
 	}
 	if ran {
 		t.Fatal("the handler ran for a settled or missing event")
-	}
-	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 0 {
-		t.Fatalf("%d jobs left, want both completed", n)
 	}
 	if n := b.effects(t, "a-1"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -251,19 +299,18 @@ func TestApplyQueuedSettledOnlyCompletes(t *testing.T) {
 func TestApplyQueuedErrorKeepsEventQueued(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.jobsTable(t)
-	p := b.processor(t, nil)
-	if _, err := p.Accept(t.Context(), event("a-1"), nil, enqueueJob); err != nil {
-		t.Fatal(err)
-	}
 	failing := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		if err := insertEffect(ctx, tx, ev); err != nil {
 			return err
 		}
 		return errors.New("try again")
 	}
-	j := txhook.QueuedJob{Source: "test", Key: "a-1", Complete: completeJob("a-1")}
-	if _, err := p.ApplyQueued(t.Context(), j, failing); err == nil {
+	p := b.inbox(t, nil, failing, &jobQueue{})
+	if _, err := accept(t, p, event("a-1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	j := txhook.QueuedJob{Source: "test", Key: "a-1"}
+	if _, err := p.ApplyQueued(t.Context(), j); err == nil {
 		t.Fatal("ApplyQueued with a failing handler returned nil")
 	}
 	rec, err := txhook.GetEventRecord(t.Context(), b.pool, "test", "a-1")
@@ -274,7 +321,7 @@ func TestApplyQueuedErrorKeepsEventQueued(t *testing.T) {
 		t.Fatalf("effects + jobs = %d: want the handler's write rolled back and the job kept", n)
 	}
 	j.LastAttempt = true
-	res, err := p.ApplyQueued(t.Context(), j, failing)
+	res, err := p.ApplyQueued(t.Context(), j)
 	if err != nil || res.Outcome != txhook.OutcomeFailed || res.Err == nil {
 		t.Fatalf("last attempt = %+v, %v; want failed", res, err)
 	}

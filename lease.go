@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -73,7 +74,7 @@ func (c Claim) IdempotencyKey(step string) string {
 //
 // An error releases the claim at once and is returned by ProcessLease (the
 // sender's retry claims the event again; a replay's claim records the event
-// as failed again instead, see ReplayLease); an error wrapped with Permanent
+// as failed again instead, see Processor.Replay); an error wrapped with Permanent
 // records the event as failed.
 type LeaseFunc func(ctx context.Context, c Claim, ev Event) (TxFunc, error)
 
@@ -137,7 +138,7 @@ func (h LeaseHandler) settings() (leaseSettings, error) {
 //     RetryAfter is the time until its lease ends, rounded up to whole
 //     seconds (at least 1s). Never acknowledge this outcome as success;
 //   - failed: h returned a PermanentError; the event is recorded as failed
-//     with the error, for an operator to replay (ReplayLease).
+//     with the error, for an operator to replay (Replay).
 //
 // An error means this delivery committed nothing, except a
 // *CommitUnknownError; in every case the event must not be acknowledged. A
@@ -151,22 +152,19 @@ func (h LeaseHandler) settings() (leaseSettings, error) {
 // ctx bounds the claim, phase one and phase two up to COMMIT. Releasing a
 // claim after an error runs even when ctx is cancelled.
 func (p *Processor) ProcessLease(ctx context.Context, ev Event, h LeaseHandler) (Result, error) {
-	return p.processLease(ctx, ev, h, false)
+	return p.processLease(ctx, ev, h, false, false)
 }
 
-// ReplayLease is ProcessLease for an operator's replay: besides everything
-// ProcessLease may claim, it also claims an event recorded as failed and runs
-// h for it again, under a new fencing token. A done event is still a
-// duplicate and a live claim still in flight. A handler error that is not
-// permanent is returned, wrapped, as with ProcessLease, but the claim ends by
-// recording the event as failed with the new error (fenced by the token,
-// payload kept) rather than by releasing it: no sender retries a dead letter,
-// so it stays one for a later replay.
-func (p *Processor) ReplayLease(ctx context.Context, ev Event, h LeaseHandler) (Result, error) {
-	return p.processLease(ctx, ev, h, true)
-}
-
-func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, replay bool) (Result, error) {
+// processLease is ProcessLease; lastAttempt records a handler's error as
+// failed (see DeliverOptions.LastAttempt). With replay set it is an
+// operator's replay (Replay): besides everything ProcessLease may claim, it
+// also claims an event recorded as failed and runs h for it again, under a
+// new fencing token. A done event is still a duplicate and a live claim
+// still in flight. A handler error that is not permanent is returned,
+// wrapped, but the claim ends by recording the event as failed with the new
+// error (fenced by the token, payload kept) rather than by releasing it: no
+// sender retries a dead letter, so it stays one for a later replay.
+func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, replay, lastAttempt bool) (Result, error) {
 	s, err := h.settings()
 	if err != nil {
 		return Result{}, err
@@ -188,21 +186,20 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
-	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, nil, nil)
+	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, onLastAttempt(lastAttempt))
 }
 
 // runClaim runs an event claimed as c: phase one (work) under the lease,
 // renewed as s says from started (the local time just before the claim),
 // then phase two in one transaction: the done mark first, so that a lost
 // claim is found before the business writes and the row stays locked against
-// takeovers until COMMIT (it travels with BEGIN), then work's writes and
-// then, if set, also's (inbox mode completes its job there). An error or a
+// takeovers until COMMIT (it travels with BEGIN), then work's writes. An error or a
 // panic ends the claim (leaseFailed, which replay, set for an operator's
 // replay, passes on), after failWrap, when set, has had its say (inbox mode
 // makes its last attempt's error permanent).
 func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSettings, started time.Time, replay bool,
-	work LeaseFunc, also TxFunc, failWrap func(error) error) (Result, error) {
-	p.crash.at(CrashLeaseAfterClaim)
+	work LeaseFunc, failWrap func(error) error) (Result, error) {
+	p.crash.At(crash.LeaseAfterClaim)
 	failed := func(err error) (Result, error) {
 		if failWrap != nil {
 			err = failWrap(err)
@@ -235,7 +232,7 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 		}
 		return failed(err)
 	}
-	p.crash.at(CrashLeaseAfterExternal)
+	p.crash.At(crash.LeaseAfterExternal)
 
 	// Phase two.
 	err = engine.Run(ctx, engine.Begin(p.db), p.run, engine.Spec{
@@ -260,16 +257,13 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 					return fmt.Errorf("commit event: %w", err)
 				}
 			}
-			if also != nil {
-				return also(ctx, tx)
-			}
 			return nil
 		},
-		BeforeCommit: func() { p.crash.at(CrashLeaseBeforeCommit) },
+		BeforeCommit: func() { p.crash.At(crash.LeaseBeforeCommit) },
 	})
 	switch {
 	case err == nil:
-		p.crash.at(CrashLeaseAfterCommit)
+		p.crash.At(crash.LeaseAfterCommit)
 		return Result{Outcome: OutcomeProcessed}, nil
 	case errors.Is(err, ErrLeaseLost):
 		return Result{}, fmt.Errorf("complete event: %w", err)

@@ -644,13 +644,19 @@ func TestLeasePermanentErrorFailsAndReplays(t *testing.T) {
 		t.Errorf("external calls = %v before replay", got)
 	}
 
-	// The operator's replay, from the stored payload, runs it once.
-	stored := txhook.Event{Source: r.Source, Key: r.EventKey, Type: r.EventType, Payload: r.Payload}
-	res, err = b.p.ReplayLease(t.Context(), stored, good)
+	// The operator's replay, from the stored payload, runs it once through
+	// the event's route.
+	rs := txhook.NewRoutes()
+	rs.Lease(ev.Source, ev.Type, good)
+	replayer, err := txhook.NewProcessor(b.pool, &txhook.Config{Routes: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = replayer.Replay(t.Context(), ev.Source, ev.Key)
 	if err != nil || res.Outcome != txhook.OutcomeProcessed {
 		t.Fatalf("replay = %v, %v; want processed", res, err)
 	}
-	res, err = b.p.ReplayLease(t.Context(), stored, good)
+	res, err = replayer.Replay(t.Context(), ev.Source, ev.Key)
 	if err != nil || res.Outcome != txhook.OutcomeDuplicate {
 		t.Errorf("second replay = %v, %v; want duplicate", res, err)
 	}

@@ -13,18 +13,21 @@ import (
 	"github.com/txhook/txhook/db"
 )
 
+// Status is the state of an event's row in the events table.
+type Status string
+
 // Statuses of a row in the events table, as EventRecord.Status reports them.
 const (
 	// StatusInProgress: a lease-mode delivery holds the event.
-	StatusInProgress = statusInProgress
+	StatusInProgress Status = statusInProgress
 	// StatusDone: the event was processed (or replayed) and committed.
-	StatusDone = statusDone
+	StatusDone Status = statusDone
 	// StatusFailed: the handler failed permanently; the event waits for a
 	// replay (a dead letter).
-	StatusFailed = statusFailed
+	StatusFailed Status = statusFailed
 	// StatusQueued: inbox mode accepted the event; its job has not applied
 	// it yet.
-	StatusQueued = statusQueued
+	StatusQueued Status = statusQueued
 )
 
 // ErrEventNotFound is returned for a source and key with no row in the
@@ -45,8 +48,7 @@ type EventRecord struct {
 	Source string `json:"source"`
 	Key    string `json:"key"`
 	Type   string `json:"type"`
-	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	// Attempts counts the tries of the event: the claims and replays of a
 	// lease-mode event (its fencing token), the replays of a dead letter,
 	// and for an inbox event its queue's tries (River's attempt of the try
@@ -71,14 +73,15 @@ type EventRecord struct {
 	JobID int64 `json:"job_id,omitzero"`
 }
 
-// EventFilter selects events for ListEvents. Empty fields do not filter.
+// EventFilter selects events for ListEvents; ListDeadLetters and
+// Processor.ReplayFailed take its Source, Type and Limit. Empty fields do
+// not filter.
 type EventFilter struct {
 	Source string
 	// Key keeps the event with this key (of any source unless Source is
 	// set).
-	Key string
-	// Status is StatusQueued, StatusInProgress, StatusDone or StatusFailed.
-	Status string
+	Key    string
+	Status Status
 	Type   string
 	// Since keeps events created at or after it.
 	Since time.Time
@@ -88,7 +91,7 @@ type EventFilter struct {
 	// River's table is the one the search path finds), and lease mode's
 	// claims abandoned in progress with their lease ended (the worker died,
 	// or released the claim after an error; the sender may still retry).
-	// Replayer.Replay replays any of them.
+	// Processor.Replay replays any of them.
 	Stuck bool
 	// Limit bounds the number of events returned. Defaults to 100.
 	Limit int
@@ -104,7 +107,7 @@ func limitOrDefault(n int) (int32, error) {
 	return int32(n), nil
 }
 
-func checkStatus(s string) error {
+func checkStatus(s Status) error {
 	switch s {
 	case "", StatusQueued, StatusInProgress, StatusDone, StatusFailed:
 		return nil
@@ -124,7 +127,7 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	p := db.ListEventsParams{
 		Source:    optText(f.Source),
 		EventKey:  optText(f.Key),
-		Status:    optText(f.Status),
+		Status:    optText(string(f.Status)),
 		EventType: optText(f.Type),
 		Since:     pgtype.Timestamptz{Time: f.Since, Valid: !f.Since.IsZero()},
 		MaxRows:   limit,
@@ -149,18 +152,10 @@ func ListEvents(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, e
 	return out, nil
 }
 
-// DeadLetterFilter selects failed events for ListDeadLetters and
-// Replayer.ReplayFailed. Empty fields do not filter.
-type DeadLetterFilter struct {
-	Source string
-	Type   string
-	// Limit bounds the number of events. Defaults to 100.
-	Limit int
-}
-
-// ListDeadLetters returns failed events, oldest first, with their last
-// error and attempt count.
-func ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]EventRecord, error) {
+// ListDeadLetters returns failed events of f's Source and Type (its other
+// filters are not used), oldest first, at most f.Limit of them, with their
+// last error and attempt count.
+func ListDeadLetters(ctx context.Context, q Querier, f EventFilter) ([]EventRecord, error) {
 	limit, err := limitOrDefault(f.Limit)
 	if err != nil {
 		return nil, err
@@ -195,7 +190,7 @@ func GetEventRecord(ctx context.Context, q Querier, source, key string) (EventRe
 
 func recordFromListRow(r db.ListEventsRow) EventRecord {
 	return EventRecord{
-		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: Status(r.Status),
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.HasPayload, PayloadSize: int(r.PayloadSize),
@@ -205,7 +200,7 @@ func recordFromListRow(r db.ListEventsRow) EventRecord {
 
 func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
 	return EventRecord{
-		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: Status(r.Status),
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.Payload != nil, PayloadSize: len(r.Payload),
@@ -216,7 +211,7 @@ func recordFromRow(r db.TxhookProcessedEvent) EventRecord {
 // StatusCount is the number of events of one source in one status.
 type StatusCount struct {
 	Source string `json:"source"`
-	Status string `json:"status"`
+	Status Status `json:"status"`
 	Events int64  `json:"events"`
 }
 
@@ -245,13 +240,8 @@ type Stats struct {
 	Failed     int64 `json:"failed"`
 	// OldestInProgress is the in-progress event claimed longest ago, or nil.
 	OldestInProgress *LeaseInfo `json:"oldest_in_progress,omitempty"`
-	// Queued is the inbox's queue depth: events accepted and not yet
-	// applied (status queued). OldestQueuedAt is when the oldest of them was
-	// accepted, zero when none is queued, and OldestQueuedAge how long ago
-	// that was, on the database's clock.
-	Queued          int64         `json:"queued"`
-	OldestQueuedAt  time.Time     `json:"oldest_queued_at,omitzero"`
-	OldestQueuedAge time.Duration `json:"oldest_queued_age,omitzero"`
+	// Queue is inbox mode's queue: the events accepted and not yet applied.
+	Queue QueueStats `json:"queue"`
 }
 
 // ReadStats counts the events by source and status and finds the oldest
@@ -264,9 +254,9 @@ func ReadStats(ctx context.Context, q Querier) (Stats, error) {
 	}
 	s := Stats{Counts: make([]StatusCount, len(counts))}
 	for i, c := range counts {
-		s.Counts[i] = StatusCount{Source: c.Source, Status: c.Status, Events: c.Events}
+		s.Counts[i] = StatusCount{Source: c.Source, Status: Status(c.Status), Events: c.Events}
 		s.Total += c.Events
-		switch c.Status {
+		switch Status(c.Status) {
 		case StatusInProgress:
 			s.InProgress += c.Events
 		case StatusDone:

@@ -32,29 +32,25 @@ func ExampleNewPruner() {
 	go pruner.Run(ctx) // stops when ctx ends
 }
 
-// Replay failed events through the application's handlers, for example from
+// Replay failed events through the application's routes, for example from
 // an admin command of the application's own binary.
-func ExampleReplayer_ReplayFailed() {
+func ExampleProcessor_ReplayFailed() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
 	if err != nil {
 		log.Fatal(err)
 	}
-	handlers := map[string]txhook.HandlerFunc{
-		"invoice.paid": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			_, err := tx.Exec(ctx, "UPDATE invoices SET status = 'paid' WHERE event_id = $1 AND status = 'pending'", ev.Key)
-			return err
-		},
-	}
-	lookup := func(eventType string) (txhook.HandlerFunc, bool) {
-		h, ok := handlers[eventType]
-		return h, ok
-	}
-	replayer, err := txhook.NewReplayer(pool, lookup, nil)
+	// The same routes as the application's deliveries.
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		_, err := tx.Exec(ctx, "UPDATE invoices SET status = 'paid' WHERE event_id = $1 AND status = 'pending'", ev.Key)
+		return err
+	})
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		log.Fatal(err)
 	}
-	reports, err := replayer.ReplayFailed(ctx, txhook.DeadLetterFilter{Source: "stripe", Limit: 100})
+	reports, err := proc.ReplayFailed(ctx, txhook.EventFilter{Source: "stripe", Limit: 100})
 	if err != nil {
 		log.Fatal(err)
 	}

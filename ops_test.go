@@ -107,7 +107,7 @@ func TestReadStats(t *testing.T) {
 	}
 	var counts []string
 	for _, c := range s.Counts {
-		counts = append(counts, c.Source+"/"+c.Status+"="+strconv.FormatInt(c.Events, 10))
+		counts = append(counts, c.Source+"/"+string(c.Status)+"="+strconv.FormatInt(c.Events, 10))
 	}
 	if got := strings.Join(counts, " "); got != "github/done=1 test/done=3 test/failed=2 test/in_progress=2" {
 		t.Errorf("counts = %s", got)

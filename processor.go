@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/txhook/txhook/db"
+	"github.com/txhook/txhook/internal/crash"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -145,6 +147,12 @@ type Config struct {
 	// RecentKeysTTL is how long a done key is remembered. Defaults to
 	// DefaultRecentKeysTTL (10 minutes).
 	RecentKeysTTL time.Duration
+	// Routes are the application's handlers, by source and event type:
+	// Deliver, and everything built on the Processor (the HTTP endpoint,
+	// the inbox's jobs, the queue consumers, the Replayer), find their
+	// handler there. Defaults to none: Process and ProcessLease, which take
+	// their handler as an argument, still work.
+	Routes *Routes
 	// Logger receives a record for every failed try of an inbox event
 	// (ApplyQueued, ApplyQueuedLease: the event, the try's number, the error
 	// and what follows, the next try or the dead letter) and for every stuck
@@ -176,8 +184,10 @@ type Processor struct {
 	maxKeyLen       int
 	storePayload    bool
 	dedupeWithFirst bool // Config.DedupeWithFirstStatement
-	crash           crasher
+	crash           crash.Crasher
 	filter          dupFilter
+	routes          *Routes
+	queue           atomic.Pointer[Queue] // inbox routes' queue (UseQueue); nil without one
 	log             *slog.Logger
 }
 
@@ -222,8 +232,9 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 		maxKeyLen:       c.MaxKeyLen,
 		storePayload:    c.StorePayload,
 		dedupeWithFirst: c.DedupeWithFirstStatement,
-		crash:           newCrasherFromEnv(),
+		crash:           crash.FromEnv(),
 		filter:          dupFilter{read: read, memory: newRecentKeys(c.RecentKeys, c.RecentKeysTTL)},
+		routes:          c.Routes,
 		log:             c.Logger,
 	}, nil
 }
@@ -243,15 +254,21 @@ func NewProcessor(db Beginner, cfg *Config) (*Processor, error) {
 // nothing.
 //
 // ctx bounds the work up to COMMIT: none of h's deferred writes is sent
-// once it has ended; see RunTx.
+// once it has ended; see Run.
 func (p *Processor) Process(ctx context.Context, ev Event, h HandlerFunc) (Result, error) {
+	return p.process(ctx, ev, h, false)
+}
+
+// process is Process; lastAttempt records a handler's error as failed (see
+// DeliverOptions.LastAttempt).
+func (p *Processor) process(ctx context.Context, ev Event, h HandlerFunc, lastAttempt bool) (Result, error) {
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
 	if res, ok, err := p.filter.answer(ctx, ev); ok {
 		return res, err
 	}
-	res, err := p.apply(ctx, engine.Begin(p.db), ev, h)
+	res, err := p.apply(ctx, engine.Begin(p.db), ev, h, lastAttempt)
 	p.filter.learn(ev, res, err)
 	return res, err
 }
@@ -269,7 +286,7 @@ func (p *Processor) ProcessTx(ctx context.Context, tx pgx.Tx, ev Event, h Handle
 	if err := p.check(ev, h); err != nil {
 		return Result{}, err
 	}
-	return p.apply(ctx, engine.Savepoint(tx), ev, h)
+	return p.apply(ctx, engine.Savepoint(tx), ev, h, false)
 }
 
 func (p *Processor) check(ev Event, h HandlerFunc) error {
@@ -280,9 +297,11 @@ func (p *Processor) check(ev Event, h HandlerFunc) error {
 }
 
 // apply runs the dedupe step and, for a new key, h, in one transaction at
-// at, and turns what happened into Process's answer.
-func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc) (Result, error) {
+// at, and turns what happened into Process's answer. On lastAttempt, h's
+// error is recorded as failed as a permanent one is.
+func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc, lastAttempt bool) (Result, error) {
 	var notNew Result // the dedupe step's answer for a key that is not new
+	var herr error    // h's error, wrapped, in the last attempt
 	spec := engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			var err error
@@ -292,23 +311,29 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 		WithFirstStatement: p.dedupeWithFirst,
 		LockTimeout:        p.lockTimeout,
 		Body: func(ctx context.Context, tx pgx.Tx) error {
-			return p.handled(h(ctx, tx, ev))
+			herr = p.handled(h(ctx, tx, ev))
+			return herr
 		},
 	}
 	if !at.Nested() {
-		spec.BeforeCommit = func() { p.crash.at(CrashBeforeCommit) }
+		spec.BeforeCommit = func() { p.crash.At(crash.BeforeCommit) }
 	}
 	err := engine.Run(ctx, at, p.run, spec)
 	switch {
 	case err == nil:
 		if !at.Nested() {
-			p.crash.at(CrashAfterCommit)
+			p.crash.At(crash.AfterCommit)
 		}
 		return Result{Outcome: OutcomeProcessed}, nil
 	case errors.Is(err, errRollback):
 		return notNew, nil
 	case IsPermanent(err):
 		return p.recordFailed(ctx, at, ev, err)
+	}
+	if herr != nil && errors.Is(err, herr) {
+		if last := onLastAttempt(lastAttempt); last != nil && IsPermanent(last(err)) {
+			return p.recordFailed(ctx, at, ev, err)
+		}
 	}
 	return Result{}, err
 }
@@ -335,7 +360,7 @@ func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (Res
 	case row.Status != statusDone:
 		return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}, errRollback
 	}
-	p.crash.at(CrashAfterInsert)
+	p.crash.At(crash.AfterInsert)
 	return Result{}, nil
 }
 
@@ -349,7 +374,7 @@ func (p *Processor) handled(herr error) error {
 		}
 		return fmt.Errorf("handle event: %w", herr)
 	}
-	p.crash.at(CrashAfterHandler)
+	p.crash.At(crash.AfterHandler)
 	return nil
 }
 

@@ -24,9 +24,10 @@ const DefaultRetention = 14 * 24 * time.Hour
 // most, unless PruneOptions.BatchSize says otherwise.
 const DefaultPruneBatchSize = 1000
 
-// PruneLockKey is the PostgreSQL advisory lock (pg_try_advisory_xact_lock)
-// that keeps pruners on several instances from running at the same time.
-const PruneLockKey int64 = 0x7478686f6f6b5052 // "txhookPR"
+// pruneLockKey is the PostgreSQL advisory lock (pg_try_advisory_xact_lock)
+// that keeps pruners on several instances from running at the same time:
+// 0x7478686f6f6b5052, "txhookPR".
+const pruneLockKey int64 = 0x7478686f6f6b5052
 
 // PruneOptions configures Prune. The zero value deletes done events
 // completed more than DefaultRetention ago, in batches of
@@ -85,7 +86,8 @@ type PruneResult struct {
 //
 // Rows are deleted in batches of opts.BatchSize, one short transaction per
 // batch, until a batch finds fewer rows than that. Each batch takes the
-// advisory lock PruneLockKey for its transaction: while one pruner is
+// advisory lock 0x7478686f6f6b5052 ("txhookPR", one bigint) for its
+// transaction: while one pruner is
 // deleting, another stops and reports Locked, so across instances at most one
 // pruner deletes at a time and the last to take the lock finishes the work.
 // Rows locked by a concurrent replay are skipped and left for the next run.
@@ -107,7 +109,7 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 	var res PruneResult
 	var cutoff pgtype.Timestamptz
 	if o.DryRun {
-		err := RunTx(ctx, b, &TxOptions{AccessMode: pgx.ReadOnly}, func(ctx context.Context, tx pgx.Tx) error {
+		err := Run(ctx, b, &TxOptions{AccessMode: pgx.ReadOnly}, func(ctx context.Context, tx pgx.Tx) error {
 			q := db.New(tx)
 			c, err := q.PruneCutoff(ctx, olderThan)
 			if err != nil {
@@ -130,10 +132,10 @@ func Prune(ctx context.Context, b Beginner, opts PruneOptions) (PruneResult, err
 	for {
 		var n int64
 		var locked bool
-		err := RunTx(ctx, b, nil, func(ctx context.Context, tx pgx.Tx) error {
+		err := Run(ctx, b, nil, func(ctx context.Context, tx pgx.Tx) error {
 			q := db.New(tx)
 			var err error
-			if locked, err = q.TryPruneLock(ctx, PruneLockKey); err != nil {
+			if locked, err = q.TryPruneLock(ctx, pruneLockKey); err != nil {
 				return fmt.Errorf("take prune lock: %w", err)
 			}
 			if !locked {

@@ -149,7 +149,7 @@ func TestPruneStopsWhileAnotherPrunerHoldsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", txhook.PruneLockKey); err != nil {
+	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", int64(0x7478686f6f6b5052)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), waitBound) // a pruner that waited for the lock would fail here

@@ -15,10 +15,9 @@ import (
 // A failed lease-mode event is replayed through its lease handler: a new
 // claim runs the external work again and commits the business write with
 // the done mark; a second replay is a duplicate.
-func TestReplayerReplaysLeaseModeEvents(t *testing.T) {
+func TestReplayLeaseModeEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := b.processor(t, &txhook.Config{StorePayload: true})
 	ev := event("evt_lease_failed")
 	ev.Type = "payment_intent.succeeded"
 
@@ -31,26 +30,14 @@ func TestReplayerReplaysLeaseModeEvents(t *testing.T) {
 		}
 		return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 	}}
-	res, err := p.ProcessLease(t.Context(), ev, lh)
+	rs := txhook.NewRoutes()
+	rs.Lease(ev.Source, ev.Type, lh)
+	p := b.processor(t, &txhook.Config{StorePayload: true, Routes: rs})
+	res, err := p.Deliver(t.Context(), ev, nil)
 	if err != nil || res.Outcome != txhook.OutcomeFailed {
-		t.Fatalf("ProcessLease = %v, %v; want failed", res.Outcome, err)
+		t.Fatalf("Deliver = %v, %v; want failed", res.Outcome, err)
 	}
-
-	noTx := func(string) (txhook.HandlerFunc, bool) { return nil, false }
-	if _, err := txhook.NewReplayer(b.pool, noTx, &txhook.ReplayerConfig{
-		LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true },
-	}); err == nil {
-		t.Fatal("LeaseLookup without Processor accepted")
-	}
-	r, err := txhook.NewReplayer(b.pool, noTx, &txhook.ReplayerConfig{
-		Processor: p,
-		LeaseLookup: func(typ string) (txhook.LeaseHandler, bool) {
-			return lh, typ == "payment_intent.succeeded"
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := p
 	fail = false
 	if res, err := r.Replay(t.Context(), ev.Source, ev.Key); err != nil || res.Outcome != txhook.OutcomeProcessed {
 		t.Fatalf("Replay = %v, %v; want processed", res.Outcome, err)
@@ -70,13 +57,12 @@ func TestReplayerReplaysLeaseModeEvents(t *testing.T) {
 // permanent, in phase one or in phase two, returns the error and leaves the
 // event failed with the new error and its payload, still a dead letter: a
 // later replay runs it.
-func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
+func TestReplayLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 	t.Parallel()
 	for _, phase := range []string{"work", "commit"} {
 		t.Run(phase, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			p := b.processor(t, &txhook.Config{StorePayload: true})
 			ev := event("evt_lease_replay_" + phase)
 			errUpstream := errors.New("carrier API answered 503")
 			mode := "permanent"
@@ -96,14 +82,13 @@ func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 				}
 				return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 			}}
+			rs := txhook.NewRoutes()
+			rs.Lease(ev.Source, ev.Type, lh)
+			p := b.processor(t, &txhook.Config{StorePayload: true, Routes: rs})
 			if res, err := p.ProcessLease(t.Context(), ev, lh); err != nil || res.Outcome != txhook.OutcomeFailed {
 				t.Fatalf("ProcessLease = %v, %v; want failed", res.Outcome, err)
 			}
-			r, err := txhook.NewReplayer(b.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
-				&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := p
 
 			mode = "transient"
 			if _, err := r.Replay(t.Context(), ev.Source, ev.Key); !errors.Is(err, errUpstream) || errors.Is(err, txhook.ErrLeaseLost) {
@@ -118,7 +103,7 @@ func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 				string(rec.Payload) != string(ev.Payload) {
 				t.Errorf("row after the failed replay = %+v, want failed, attempt 2, the new error and the payload", rec)
 			}
-			dead, err := txhook.ListDeadLetters(t.Context(), b.pool, txhook.DeadLetterFilter{})
+			dead, err := txhook.ListDeadLetters(t.Context(), b.pool, txhook.EventFilter{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,12 +127,11 @@ func TestReplayerLeaseTransientErrorKeepsDeadLetter(t *testing.T) {
 
 // A lease-mode event left in progress with its claim released (the handler
 // failed with a transient error and the sender never retried) is not a dead
-// letter, but a replayer with the lease lookup takes its claim over and
+// letter, but a replay through its lease route takes its claim over and
 // applies it once; a live claim is answered in flight, and nothing runs.
-func TestReplayerTakesOverAbandonedLeaseClaim(t *testing.T) {
+func TestReplayTakesOverAbandonedLeaseClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := b.processor(t, &txhook.Config{StorePayload: true})
 	ev := event("evt_lease_abandoned")
 	fail := true
 	var runs int
@@ -158,14 +142,13 @@ func TestReplayerTakesOverAbandonedLeaseClaim(t *testing.T) {
 		}
 		return func(ctx context.Context, tx pgx.Tx) error { return insertEffect(ctx, tx, ev) }, nil
 	}}
+	rs := txhook.NewRoutes()
+	rs.Lease(ev.Source, ev.Type, lh)
+	p := b.processor(t, &txhook.Config{StorePayload: true, Routes: rs})
 	if _, err := p.ProcessLease(t.Context(), ev, lh); err == nil {
 		t.Fatal("ProcessLease succeeded, want the handler's error")
 	}
-	r, err := txhook.NewReplayer(b.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
-		&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := p
 
 	// A live claim: held by another delivery.
 	if _, err := b.pool.Exec(t.Context(), `UPDATE txhook_processed_events SET lease_expires_at = now() + interval '1 minute'

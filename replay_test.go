@@ -47,18 +47,16 @@ func record(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	return err
 }
 
-func (b *replayBundle) replayer(t *testing.T, h txhook.HandlerFunc) *txhook.Replayer {
+// replayer is a Processor whose one route, test/invoice.paid, runs h.
+func (b *replayBundle) replayer(t *testing.T, h txhook.HandlerFunc) *txhook.Processor {
 	t.Helper()
-	r, err := txhook.NewReplayer(b.d.Pool, func(typ string) (txhook.HandlerFunc, bool) {
-		if typ != "invoice.paid" {
-			return nil, false
-		}
-		return h, true
-	}, nil)
+	rs := txhook.NewRoutes()
+	rs.Transactional("test", "invoice.paid", h)
+	p, err := txhook.NewProcessor(b.d.Pool, &txhook.Config{Routes: rs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return p
 }
 
 func (b *replayBundle) effects(t *testing.T) int {
@@ -243,9 +241,6 @@ func TestReplayRefusals(t *testing.T) {
 	if n := b.effects(t); n != 0 {
 		t.Errorf("effects = %d, want 0", n)
 	}
-	if _, err := txhook.NewReplayer(b.d.Pool, nil, nil); err == nil {
-		t.Error("NewReplayer with a nil lookup succeeded")
-	}
 }
 
 func TestReplayFailedSelectsAndReports(t *testing.T) {
@@ -259,7 +254,7 @@ func TestReplayFailedSelectsAndReports(t *testing.T) {
 	}
 	r := b.replayer(t, record)
 
-	reports, err := r.ReplayFailed(t.Context(), txhook.DeadLetterFilter{Source: "test"})
+	reports, err := r.ReplayFailed(t.Context(), txhook.EventFilter{Source: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +278,7 @@ func TestReplayFailedSelectsAndReports(t *testing.T) {
 		t.Errorf("event of another source: %+v %v, want untouched", rec, err)
 	}
 
-	left, err := txhook.ListDeadLetters(t.Context(), b.d.Pool, txhook.DeadLetterFilter{Type: "thing.happened", Limit: 2})
+	left, err := txhook.ListDeadLetters(t.Context(), b.d.Pool, txhook.EventFilter{Type: "thing.happened", Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

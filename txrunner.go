@@ -12,7 +12,7 @@ import (
 // Beginner starts transactions. *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn
 // satisfy it, as do wrappers around them (tracing, tests). A pgx.Tx does
 // not: to join a caller's transaction, use Processor.ProcessTx or
-// RunNestedTx.
+// RunTx.
 //
 // On a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, BEGIN travels with the
 // transaction's first statement and COMMIT with its deferred statements;
@@ -25,7 +25,7 @@ type Beginner interface {
 // for every statement that should commit or roll back with the transaction.
 type TxFunc func(ctx context.Context, tx pgx.Tx) error
 
-// TxOptions configures RunTx. The zero value (or nil) runs READ COMMITTED,
+// TxOptions configures Run. The zero value (or nil) runs READ COMMITTED,
 // READ WRITE, with up to 3 attempts.
 type TxOptions struct {
 	// IsoLevel is the isolation level. Defaults to the server's default
@@ -82,7 +82,7 @@ func (o *TxOptions) engine() engine.Options {
 // commit).
 var errRollback = engine.ErrRollback
 
-// RunTx runs fn in a new transaction on db and commits it when fn returns nil.
+// Run runs fn in a new transaction on db and commits it when fn returns nil.
 //
 // When fn returns an error or panics, the transaction is rolled back (and the
 // panic re-raised). A serialization failure or deadlock, from fn or from
@@ -99,11 +99,11 @@ var errRollback = engine.ErrRollback
 // has ended. COMMIT and ROLLBACK are bounded by opts.FinishTimeout instead,
 // and so are the deferred writes that travel with COMMIT on a pool or
 // connection.
-func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
+func Run(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 	return engine.Run(ctx, engine.Begin(db), opts.engine(), engine.Spec{Body: fn})
 }
 
-// RunNestedTx runs fn inside tx, the caller's transaction, under a savepoint:
+// RunTx runs fn inside tx, the caller's transaction, under a savepoint:
 // when fn returns an error or panics, only fn's work is rolled back and tx
 // stays usable; when fn returns nil the savepoint is released and fn's work
 // commits or rolls back with the caller's transaction. It never retries and
@@ -112,7 +112,7 @@ func RunTx(ctx context.Context, db Beginner, opts *TxOptions, fn TxFunc) error {
 // release. An error that matches ErrTxUnusable means tx cannot be used any
 // more (the savepoint could not be rolled back, or fn ended tx with a
 // ROLLBACK or COMMIT sent as SQL): roll it back.
-func RunNestedTx(ctx context.Context, tx pgx.Tx, fn TxFunc) error {
+func RunTx(ctx context.Context, tx pgx.Tx, fn TxFunc) error {
 	return engine.Run(ctx, engine.Savepoint(tx), (*TxOptions)(nil).engine(), engine.Spec{Body: fn})
 }
 

@@ -11,18 +11,18 @@ import (
 	"github.com/txhook/txhook"
 )
 
-func TestRunTxCommitsOnNilAndRollsBackOnError(t *testing.T) {
+func TestRunCommitsOnNilAndRollsBackOnError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	if err := txhook.RunTx(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+	if err := txhook.Run(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('ok')")
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	if err := txhook.RunTx(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+	if err := txhook.Run(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('bad')"); err != nil {
 			return err
 		}
@@ -35,11 +35,11 @@ func TestRunTxCommitsOnNilAndRollsBackOnError(t *testing.T) {
 	}
 }
 
-func TestRunTxOptions(t *testing.T) {
+func TestRunOptions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var iso, ro string
-	err := txhook.RunTx(t.Context(), b.pool, &txhook.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+	err := txhook.Run(t.Context(), b.pool, &txhook.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
 		func(ctx context.Context, tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil {
 				return err
@@ -59,15 +59,15 @@ func TestRunTxOptions(t *testing.T) {
 	}
 }
 
-func TestRunNestedTxRollsBackOnlyItsOwnWork(t *testing.T) {
+func TestRunTxRollsBackOnlyItsOwnWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	err := txhook.RunTx(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+	err := txhook.Run(ctx, b.pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('outer')"); err != nil {
 			return err
 		}
-		nerr := txhook.RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+		nerr := txhook.RunTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('inner-bad')"); err != nil {
 				return err
 			}
@@ -76,7 +76,7 @@ func TestRunNestedTxRollsBackOnlyItsOwnWork(t *testing.T) {
 		if nerr == nil {
 			t.Error("nested error lost")
 		}
-		return txhook.RunNestedTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+		return txhook.RunTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "INSERT INTO effects (event_key) VALUES ('inner-ok')")
 			return err
 		})

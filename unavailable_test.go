@@ -27,12 +27,12 @@ func TestUnavailableDatabase(t *testing.T) {
 		if _, err := p.ProcessLease(t.Context(), event("evt_down_lease"), lease); !errors.Is(err, txhook.ErrUnavailable) {
 			t.Errorf("ProcessLease: %v, want ErrUnavailable", err)
 		}
-		err := txhook.RunTx(t.Context(), db, nil, func(ctx context.Context, tx pgx.Tx) error {
+		err := txhook.Run(t.Context(), db, nil, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT 1")
 			return err
 		})
 		if !errors.Is(err, txhook.ErrUnavailable) {
-			t.Errorf("RunTx: %v, want ErrUnavailable", err)
+			t.Errorf("Run: %v, want ErrUnavailable", err)
 		}
 	}
 	t.Run("dropped database", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -25,9 +26,10 @@ type Config struct {
 	// false: the console only reads, shows no write buttons and answers
 	// every write 403.
 	AllowWrites bool
-	// Replayer replays dead letters through the application's handlers.
-	// Without it (the default) the console offers Discard but not Replay.
-	Replayer *txhook.Replayer
+	// Processor replays dead letters through its routes, the application's
+	// handlers (txhook.Processor.Replay). Without it (the default) the
+	// console offers Discard but not Replay.
+	Processor *txhook.Processor
 	// User returns the name of the user making a request (for example the
 	// HTTP basic auth user that the application's middleware checked). It
 	// is logged with every write, and the CSRF token of a page is valid for
@@ -76,11 +78,11 @@ type Handler struct {
 }
 
 // New returns the console for the events table in db (a *pgxpool.Pool, for
-// example). It panics if db is nil or Config.CSRFKey is set but shorter than
-// 32 bytes.
-func New(db txhook.Querier, cfg *Config) *Handler {
+// example). It fails when db is nil or Config.CSRFKey is set but shorter
+// than 32 bytes.
+func New(db txhook.Querier, cfg *Config) (*Handler, error) {
 	if db == nil {
-		panic("admin: New: nil database")
+		return nil, errors.New("admin: new console: nil database")
 	}
 	var c Config
 	if cfg != nil {
@@ -106,7 +108,7 @@ func New(db txhook.Querier, cfg *Config) *Handler {
 		key = make([]byte, 32)
 		rand.Read(key) // never returns an error
 	case len(key) < 32:
-		panic("admin: Config.CSRFKey is shorter than 32 bytes")
+		return nil, errors.New("admin: new console: Config.CSRFKey is shorter than 32 bytes")
 	}
 	h := &Handler{db: db, cfg: c, csrfKey: key, pages: parsePages(), cop: http.NewCrossOriginProtection()}
 
@@ -120,7 +122,7 @@ func New(db txhook.Querier, cfg *Config) *Handler {
 	mux.HandleFunc("POST /discard", h.discard)
 	mux.HandleFunc("GET /style.css", serveStyle)
 	h.mux = mux
-	return h
+	return h, nil
 }
 
 // ServeHTTP serves the console's pages and writes.

@@ -19,7 +19,7 @@ import (
 // claim or a replay's) or done are never deleted, whatever the form names.
 func TestDiscardDeletesOnlyDeadLetters(t *testing.T) {
 	t.Parallel()
-	c := newConsole(t, map[string]txhook.HandlerFunc{"invoice.paid": addToLedger})
+	c := newConsole(t, "stripe", map[string]txhook.HandlerFunc{"invoice.paid": addToLedger})
 	_, err := c.pool.Exec(t.Context(), `
 		INSERT INTO txhook_processed_events (source, event_key, event_type, status, attempts, claimed_at,
 		                                     lease_expires_at, completed_at, last_error, payload)
@@ -30,15 +30,18 @@ func TestDiscardDeletesOnlyDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := txhook.NewProcessor(c.pool, nil)
+	// Accepted in inbox mode, waiting for its job (whose id stands in here).
+	routes := txhook.NewRoutes()
+	routes.Inbox("stripe", "invoice.paid", addToLedger)
+	p, err := txhook.NewProcessor(c.pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Accepted in inbox mode, waiting for its job (whose id stands in here).
+	if err := p.UseQueue(jobOne{}); err != nil {
+		t.Fatal(err)
+	}
 	queued := txhook.Event{Source: "stripe", Key: "evt_queued", Type: "invoice.paid", Payload: []byte(`{"id":"evt_queued"}`)}
-	if res, err := p.Accept(t.Context(), queued, nil, func(context.Context, pgx.Tx, txhook.Event) (int64, error) {
-		return 1, nil
-	}); err != nil || res.Outcome != txhook.OutcomeQueued {
+	if res, err := p.Deliver(t.Context(), queued, nil); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("accept = %v, %v; want queued", res.Outcome, err)
 	}
 	code, page := c.get("dead-letters")
@@ -78,3 +81,8 @@ func TestDiscardDeletesOnlyDeadLetters(t *testing.T) {
 		t.Errorf("evt_dead applied %d times, want once", n)
 	}
 }
+
+// jobOne is a queue whose every job is number 1, inserted nowhere.
+type jobOne struct{}
+
+func (jobOne) Enqueue(context.Context, pgx.Tx, txhook.Event) (int64, error) { return 1, nil }

@@ -4,14 +4,15 @@
 //
 // The application mounts it under its own authentication, for example:
 //
-//	console := admin.New(pool, &admin.Config{
+//	console, err := admin.New(pool, &admin.Config{
 //		AllowWrites: true,
-//		Replayer:    replayer, // txhook.NewReplayer with the application's handlers
+//		Processor:   proc, // replays through the application's routes
 //		User: func(r *http.Request) string {
 //			user, _, _ := r.BasicAuth()
 //			return user
 //		},
 //	})
+//	if err != nil { ... }
 //	mux.Handle("/txhook/", http.StripPrefix("/txhook", requireAdmin(console)))
 //
 // The console never checks who is asking: that is the application's
@@ -36,7 +37,7 @@
 //     only the first 64 KiB of a larger one, read as such from the
 //     database) with a link to download it whole, and for lease mode its
 //     lease and fencing token. A stuck event says why and offers Replay,
-//     which takes it over (txhook.Replayer.Replay).
+//     which takes it over (txhook.Processor.Replay).
 //   - Payload: the whole payload as a download (attachment, never
 //     rendered), read from the database and sent 2 MiB at a time, so that
 //     a payload of 25 MB costs the process no more memory than one of
@@ -65,7 +66,7 @@
 // Path=/, no Domain); on plain http, including behind a proxy that
 // terminates TLS, it is txhook_csrf, not Secure. Cross-origin POSTs are also
 // refused by http.CrossOriginProtection. Replay goes through the
-// application's txhook.Replayer, with the exactly-once rules of a delivery.
+// application's txhook.Processor (its Replay, through the routes), with the exactly-once rules of a delivery.
 //
 // # What it shows
 //

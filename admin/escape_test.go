@@ -37,7 +37,7 @@ const (
 // and shows the hostile values as text.
 func TestHostileValuesRenderAsText(t *testing.T) {
 	t.Parallel()
-	c := newConsole(t, map[string]txhook.HandlerFunc{
+	c := newConsole(t, hostileSource, map[string]txhook.HandlerFunc{
 		hostileType: func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			return txhook.Permanent(errors.New(hostileError + " in " + string(ev.Payload)))
 		},

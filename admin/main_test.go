@@ -35,25 +35,30 @@ type console struct {
 }
 
 // newConsole serves a console that allows writes and replays through
-// handlers (by event type).
-func newConsole(t *testing.T, handlers map[string]txhook.HandlerFunc) *console {
+// source's handlers (by event type).
+func newConsole(t *testing.T, source string, handlers map[string]txhook.HandlerFunc) *console {
 	t.Helper()
 	d := testdb.New(t)
 	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE ledger (event_key text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	replayer, err := txhook.NewReplayer(d.Pool, func(typ string) (txhook.HandlerFunc, bool) {
-		h, ok := handlers[typ]
-		return h, ok
-	}, nil)
+	routes := txhook.NewRoutes()
+	for typ, h := range handlers {
+		routes.Transactional(source, typ, h)
+	}
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(admin.New(d.Pool, &admin.Config{
+	h, err := admin.New(d.Pool, &admin.Config{
 		AllowWrites: true,
-		Replayer:    replayer,
+		Processor:   proc,
 		Logger:      slog.New(slog.DiscardHandler),
-	}))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	jar, err := cookiejar.New(nil)
 	if err != nil {

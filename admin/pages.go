@@ -53,7 +53,7 @@ func parsePages() map[string]*template.Template {
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, nav, title string, data any) {
 	v := view{
 		Title: title, Nav: nav, CSRF: h.csrfToken(w, r), Writes: h.cfg.AllowWrites,
-		CanReplay: h.cfg.AllowWrites && h.cfg.Replayer != nil, Data: data,
+		CanReplay: h.cfg.AllowWrites && h.cfg.Processor != nil, Data: data,
 	}
 	var b bytes.Buffer
 	if err := h.pages[name].Execute(&b, v); err != nil {
@@ -158,9 +158,9 @@ func (h *Handler) loadOverview(ctx context.Context) (*overviewData, error) {
 			continue // created after the list of sources was read
 		}
 		switch c.Status {
-		case txhook.StatusFailed:
+		case statusFailed:
 			row.DeadLetters, d.DeadLetters = c.Events, d.DeadLetters+c.Events
-		case txhook.StatusInProgress:
+		case statusInProgress:
 			row.InProgress, d.InProgress = c.Events, d.InProgress+c.Events
 		}
 	}
@@ -171,7 +171,7 @@ func (h *Handler) loadOverview(ctx context.Context) (*overviewData, error) {
 	for _, c := range settled {
 		d.Settled24h += c.Events
 		if row := rows[c.Source]; row != nil {
-			if c.Status == txhook.StatusDone {
+			if c.Status == statusDone {
 				row.Done24h = c.Events
 			} else {
 				row.Failed24h = c.Events
@@ -279,13 +279,13 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
-	f := filters{Source: r.FormValue("source"), Status: txhook.StatusFailed, Type: r.FormValue("type"), Since: r.FormValue("since")}
+	f := filters{Source: r.FormValue("source"), Status: statusFailed, Type: r.FormValue("type"), Since: r.FormValue("since")}
 	h.list(w, r, f, "dead-letters", "dead-letters", "Dead letters")
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, nav, title string) {
 	switch f.Status {
-	case "", txhook.StatusDone, txhook.StatusFailed, txhook.StatusInProgress, txhook.StatusQueued, statusStuck:
+	case "", statusDone, statusFailed, statusInProgress, statusQueued, statusStuck:
 	default:
 		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("unknown status %q: want done, failed, in_progress, queued or stuck", f.Status))
 		return
@@ -318,10 +318,10 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, f filters, page, 
 	}
 	var rows []db.AdminSettledPageRow
 	switch f.Status {
-	case txhook.StatusFailed, txhook.StatusInProgress:
+	case statusFailed, statusInProgress:
 		d.TimeColumn = "created"
 		rows, err = pageRows(q.AdminOpenPage(ctx, db.AdminOpenPageParams(pp)))
-	case txhook.StatusQueued:
+	case statusQueued:
 		d.TimeColumn = "created"
 		rows, err = pageRows(q.AdminQueuedPage(ctx, db.AdminQueuedPageParams{Source: pp.Source, EventType: pp.EventType,
 			Since: pp.Since, BeforeAt: pp.BeforeAt, BeforeSource: pp.BeforeSource, BeforeKey: pp.BeforeKey, MaxRows: pp.MaxRows}))
@@ -414,7 +414,7 @@ func pageRows[R db.AdminOpenPageRow | db.AdminQueuedPageRow | db.AdminStuckPageR
 
 func record(r db.AdminSettledPageRow) txhook.EventRecord {
 	return txhook.EventRecord{
-		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: r.Status,
+		Source: r.Source, Key: r.EventKey, Type: r.EventType, Status: txhook.Status(r.Status),
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt.Time, ClaimedAt: r.ClaimedAt.Time,
 		LeaseExpiresAt: r.LeaseExpiresAt.Time, CompletedAt: r.CompletedAt.Time,
 		LastError: r.LastError.String, HasPayload: r.HasPayload, PayloadSize: int(r.PayloadSize),
@@ -459,7 +459,7 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e := txhook.EventRecord{
-		Source: row.Source, Key: row.EventKey, Type: row.EventType, Status: row.Status,
+		Source: row.Source, Key: row.EventKey, Type: row.EventType, Status: txhook.Status(row.Status),
 		Attempts: int(row.Attempts), CreatedAt: row.CreatedAt.Time, ClaimedAt: row.ClaimedAt.Time,
 		LeaseExpiresAt: row.LeaseExpiresAt.Time, CompletedAt: row.CompletedAt.Time,
 		LastError: h.shownError(row.LastError.String), HasPayload: row.HasPayload, PayloadSize: int(row.PayloadSize),
@@ -507,6 +507,14 @@ func stuckReason(s db.AdminStuckEventRow) string {
 }
 
 // --- helpers ---
+
+// The statuses of the events table, as its queries return them.
+const (
+	statusDone       = string(txhook.StatusDone)
+	statusFailed     = string(txhook.StatusFailed)
+	statusInProgress = string(txhook.StatusInProgress)
+	statusQueued     = string(txhook.StatusQueued)
+)
 
 // errorHidden stands for an error's text with Config.HidePayloads.
 const errorHidden = "hidden by the console's configuration (errors may quote payloads)"

@@ -66,21 +66,21 @@ func (h *Handler) writeTargets(w http.ResponseWriter, r *http.Request, action st
 	return out, true
 }
 
-// replay replays the selected dead letters through Config.Replayer, each in
+// replay replays the selected dead letters through Config.Processor, each in
 // its own transaction.
 func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 	targets, ok := h.writeTargets(w, r, "replay")
 	if !ok {
 		return
 	}
-	if h.cfg.Replayer == nil {
-		h.fail(w, r, http.StatusForbidden, errors.New("replay is not configured (admin.Config.Replayer is nil)"))
+	if h.cfg.Processor == nil {
+		h.fail(w, r, http.StatusForbidden, errors.New("replay is not configured (admin.Config.Processor is nil)"))
 		return
 	}
 	user := h.user(r)
 	d := resultData{Action: "Replay"}
 	for _, t := range targets {
-		res, err := h.cfg.Replayer.Replay(r.Context(), t[0], t[1])
+		res, err := h.cfg.Processor.Replay(r.Context(), t[0], t[1])
 		row := resultRow{Source: t[0], Key: t[1]}
 		switch {
 		case err != nil:

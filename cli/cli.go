@@ -10,8 +10,8 @@
 //		if len(os.Args) > 1 && os.Args[1] == "txhook" {
 //			cli.Main(os.Args[2:], &cli.Config{
 //				Name: "stripe-orders txhook",
-//				NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
-//					return txhook.NewReplayer(pool, lookup, nil) // the application's handlers
+//				NewProcessor: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Processor, error) {
+//					return txhook.NewProcessor(pool, &txhook.Config{Routes: routes}) // the application's handlers
 //				},
 //			})
 //		}
@@ -63,10 +63,12 @@ type Config struct {
 	// Name is the command's name in usage and error messages, such as
 	// "myapp txhook". Defaults to "txhook".
 	Name string
-	// NewReplayer returns the Replayer that runs failed events through the
-	// application's handlers, on a pool connected to the command's database.
-	// Defaults to nil: replay only lists what it would replay (--dry-run).
-	NewReplayer func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error)
+	// NewProcessor returns the application's Processor, with its routes
+	// (txhook.Config.Routes), on a pool connected to the command's
+	// database: replay runs failed events through them
+	// (txhook.Processor.Replay). Defaults to nil: replay only lists what it
+	// would replay (--dry-run).
+	NewProcessor func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Processor, error)
 }
 
 // Main runs the commands in args (os.Args[1:] for the txhook command, the

@@ -441,7 +441,7 @@ func TestPruneWhileAnotherPrunerRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", txhook.PruneLockKey); err != nil {
+	if _, err := tx.Exec(t.Context(), "SELECT pg_advisory_xact_lock($1)", int64(0x7478686f6f6b5052) /* the pruners lock */); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := txhookCLI(t, "--database-url", d.URL, "prune")

@@ -104,10 +104,10 @@ func newReplayFixture(t *testing.T) *replayFixture {
 	}
 	cfg := &Config{
 		Name: "app txhook",
-		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
-			return txhook.NewReplayer(pool, func(typ string) (txhook.HandlerFunc, bool) {
-				return handler, typ == "invoice.paid"
-			}, nil)
+		NewProcessor: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Processor, error) {
+			routes := txhook.NewRoutes()
+			routes.Transactional("stripe", "invoice.paid", handler)
+			return txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 		},
 	}
 	return &replayFixture{db: d, cfg: cfg}
@@ -233,10 +233,6 @@ func TestProgressOfLongCommands(t *testing.T) {
 func TestReplayInFlight(t *testing.T) {
 	t.Parallel()
 	f := newReplayFixture(t)
-	p, err := txhook.NewProcessor(f.db.Pool, &txhook.Config{LockTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ran := false
 	lh := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		ran = true
@@ -244,9 +240,10 @@ func TestReplayInFlight(t *testing.T) {
 	}}
 	cfg := &Config{
 		Name: "app txhook",
-		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
-			return txhook.NewReplayer(pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
-				&txhook.ReplayerConfig{Processor: p, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lh, true }})
+		NewProcessor: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Processor, error) {
+			routes := txhook.NewRoutes()
+			routes.Lease("stripe", "", lh)
+			return txhook.NewProcessor(pool, &txhook.Config{Routes: routes, LockTimeout: 50 * time.Millisecond})
 		},
 	}
 	tx, err := f.db.Pool.Begin(t.Context())

@@ -67,7 +67,7 @@ func runEventsList(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("events list", "events list [--source S] [--status S] [--type T] [--since AGE|TIME] [--limit N] [--json]")
 	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "only events of this source")
-	fs.StringVar(&f.Status, "status", "", "only events in this status: queued, in_progress, done or failed; or stuck (queued or in progress with nothing left to apply them: replay them)")
+	status := fs.String("status", "", "only events in this status: queued, in_progress, done or failed; or stuck (queued or in progress with nothing left to apply them: replay them)")
 	fs.StringVar(&f.Type, "type", "", "only events of this type")
 	since := fs.String("since", "", "only events created since: an age (90m, 36h, 7d) or a time (2006-01-02, RFC 3339)")
 	fs.IntVar(&f.Limit, "limit", 50, "show at most N events, newest first")
@@ -79,12 +79,12 @@ func runEventsList(ctx context.Context, c *cli, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	switch f.Status {
+	switch f.Status = txhook.Status(*status); f.Status {
 	case "", txhook.StatusQueued, txhook.StatusInProgress, txhook.StatusDone, txhook.StatusFailed:
 	case "stuck":
 		f.Status, f.Stuck = "", true
 	default:
-		return usagef("--status must be queued, in_progress, done, failed or stuck, got %q", f.Status)
+		return usagef("--status must be queued, in_progress, done, failed or stuck, got %q", *status)
 	}
 	if f.Limit < 1 {
 		return usagef("--limit must be at least 1")
@@ -160,7 +160,7 @@ func runEventsShow(ctx context.Context, c *cli, args []string) error {
 		{"source", cell(e.Source, 0)},
 		{"key", cell(e.Key, 0)},
 		{"type", cell(e.Type, 0)},
-		{"status", e.Status},
+		{"status", string(e.Status)},
 		{"attempts", strconv.Itoa(e.Attempts)},
 		{"created at", formatTime(e.CreatedAt)},
 		{"claimed at", formatTime(e.ClaimedAt)},

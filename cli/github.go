@@ -224,7 +224,7 @@ func runEventsRedelivered(ctx context.Context, c *cli, args []string) error {
 		settled := "no"
 		e, err := txhook.GetEventRecord(ctx, conn, r.Source, r.GUID)
 		if err == nil && e.Status != txhook.StatusInProgress {
-			settled = e.Status
+			settled = string(e.Status)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n",
 			cell(r.Source, 40), cell(r.GUID, 60), cell(r.Event, 30), cell(r.Hook, 60), r.Status, r.Requests,

@@ -17,13 +17,17 @@ import (
 func TestStatsShowsQueue(t *testing.T) {
 	t.Parallel()
 	d := testdb.New(t)
-	proc, err := txhook.NewProcessor(d.Pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "push", func(context.Context, pgx.Tx, txhook.Event) error { return nil })
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, key := range []string{"q-1", "q-2"} {
-		res, err := proc.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, nil,
-			func(context.Context, pgx.Tx, txhook.Event) (int64, error) { return int64(41 + i), nil })
+	if err := proc.UseQueue(&countingQueue{next: 41}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"q-1", "q-2"} {
+		res, err := proc.Deliver(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, nil)
 		if err != nil || res.Outcome != txhook.OutcomeQueued {
 			t.Fatalf("Accept %s = %v, %v", key, res.Outcome, err)
 		}
@@ -42,7 +46,7 @@ func TestStatsShowsQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Queued != 2 || s.Total != 2 || s.OldestQueuedAge < 89*time.Second || s.OldestQueuedAge > 120*time.Second {
+	if s.Queue.Queued != 2 || s.Total != 2 || s.Queue.OldestAge < 89*time.Second || s.Queue.OldestAge > 120*time.Second {
 		t.Errorf("stats = %+v, want 2 queued, the oldest about 90s old", s)
 	}
 	if out := mustRun(t, d.URL, "events", "list", "--status", "queued"); !strings.Contains(out, "q-1") || !strings.Contains(out, "q-2") {
@@ -52,4 +56,14 @@ func TestStatsShowsQueue(t *testing.T) {
 	if err != nil || rec.JobID != 42 {
 		t.Errorf("record of q-2 = %+v, %v; want job 42", rec, err)
 	}
+}
+
+// countingQueue is a queue whose jobs are numbered from next, inserted
+// nowhere.
+type countingQueue struct{ next int64 }
+
+func (q *countingQueue) Enqueue(context.Context, pgx.Tx, txhook.Event) (int64, error) {
+	id := q.next
+	q.next++
+	return id, nil
 }

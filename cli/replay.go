@@ -11,7 +11,7 @@ import (
 
 func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("dead-letters", "dead-letters [--source S] [--type T] [--limit N] [--json]")
-	var f txhook.DeadLetterFilter
+	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "only failed events of this source")
 	fs.StringVar(&f.Type, "type", "", "only failed events of this type")
 	fs.IntVar(&f.Limit, "limit", 100, "show at most N events, oldest first")
@@ -59,7 +59,7 @@ func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	if len(evs) != 1 {
 		shown = fmt.Sprintf("%d dead letters shown", len(evs))
 	}
-	if c.cfg.NewReplayer != nil {
+	if c.cfg.NewProcessor != nil {
 		fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", shown, c.name, c.name)
 		return nil
 	}
@@ -85,7 +85,7 @@ replayed.`
 func runReplay(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("replay", replayUsage)
 	all := fs.Bool("all", false, "replay every dead letter that the filters select, oldest first")
-	var f txhook.DeadLetterFilter
+	var f txhook.EventFilter
 	fs.StringVar(&f.Source, "source", "", "with --all: only failed events of this source")
 	fs.StringVar(&f.Type, "type", "", "with --all: only failed events of this type")
 	fs.IntVar(&f.Limit, "limit", 1000, "with --all: replay at most N events")
@@ -103,7 +103,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		return usagef("--source and --type go with --all")
 	case f.Limit < 1:
 		return usagef("--limit must be at least 1")
-	case !*dryRun && c.cfg.NewReplayer == nil:
+	case !*dryRun && c.cfg.NewProcessor == nil:
 		return usagef("replay runs the application's handlers, which %s does not have: run it from the application's own binary (package github.com/txhook/txhook/cli), or list what it would replay with --dry-run", c.name)
 	}
 	pool, err := c.connectPool(ctx)
@@ -146,7 +146,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 			n++
 			state := "failed " + formatTime(e.CompletedAt)
 			if e.Status != txhook.StatusFailed {
-				state = "stuck " + e.Status
+				state = "stuck " + string(e.Status)
 			}
 			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
 				cell(e.Type, 40), e.Attempts, state, cell(e.LastError, 80))
@@ -155,9 +155,9 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		return nil
 	}
 
-	r, err := c.cfg.NewReplayer(ctx, pool)
+	r, err := c.cfg.NewProcessor(ctx, pool)
 	if err != nil {
-		return fmt.Errorf("new replayer: %w", err)
+		return fmt.Errorf("new processor: %w", err)
 	}
 	p := c.newProgress("replay", "replayed", "events")
 	p.total = int64(len(events))

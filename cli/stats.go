@@ -73,7 +73,7 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		}
 	}
 	flush()
-	fmt.Fprintf(tw, "(all)\t%d\t%d\t%d\t%d\t%d\n", s.Queued, s.InProgress, s.Done, s.Failed, s.Total)
+	fmt.Fprintf(tw, "(all)\t%d\t%d\t%d\t%d\t%d\n", s.Queue.Queued, s.InProgress, s.Done, s.Failed, s.Total)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

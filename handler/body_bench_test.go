@@ -76,7 +76,7 @@ func BenchmarkUnsignedBodies(b *testing.B) {
 				name += "/chunked"
 			}
 			b.Run(name, func(b *testing.B) {
-				proc, err := txhook.NewProcessor(noDB{}, nil)
+				proc, err := txhook.NewProcessor(noDB{}, fallbackOnly("s"))
 				if err != nil {
 					b.Fatal(err)
 				}

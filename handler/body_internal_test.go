@@ -22,7 +22,7 @@ func (noTx) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
 // TestBodyDefaults: the limit and read deadline an endpoint applies when
 // its Config leaves them zero.
 func TestBodyDefaults(t *testing.T) {
-	proc, err := txhook.NewProcessor(noTx{}, nil)
+	proc, err := txhook.NewProcessor(noTx{}, &txhook.Config{Routes: fallback("s")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,4 +92,12 @@ func TestReadBodyAllocations(t *testing.T) {
 	if _, err := readBody(r, 4<<20, 4<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("body shorter than declared: %v, want io.ErrUnexpectedEOF", err)
 	}
+}
+
+// fallback is a registry with one route: source's fallback, which writes
+// nothing.
+func fallback(source string) *txhook.Routes {
+	rs := txhook.NewRoutes()
+	rs.Transactional(source, "", func(context.Context, pgx.Tx, txhook.Event) error { return nil })
+	return rs
 }

@@ -36,7 +36,7 @@ func TestDefaultBodyLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+			proc, err := txhook.NewProcessor(stubBeginner{}, fallbackOnly("s"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestDefaultBodyLimits(t *testing.T) {
 // declares, so headers alone cannot pin the limit per connection while the
 // body is awaited.
 func TestDeclaredLengthNotAllocatedUpFront(t *testing.T) {
-	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	proc, err := txhook.NewProcessor(stubBeginner{}, fallbackOnly("gh"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func (zeros) Read(p []byte) (int, error) {
 // BodyReadTimeout, not read for as long as the sender keeps sending.
 func TestBodyReadDeadline(t *testing.T) {
 	t.Parallel()
-	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	proc, err := txhook.NewProcessor(stubBeginner{}, fallbackOnly("gh"))
 	if err != nil {
 		t.Fatal(err)
 	}

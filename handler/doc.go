@@ -3,36 +3,42 @@
 //
 // An Endpoint is an http.Handler for one source: it reads the body (up to a
 // limit), verifies the provider's signature on the raw bytes before anything
-// is parsed or written, extracts the event's key and type, routes the event
-// by type and answers with the status that makes the provider do the right
-// thing. Its invariant: never 2xx unless the event's effects are committed,
-// or it duplicates a committed event.
+// is parsed or written, extracts the event's key and type, applies the event
+// through the route the processor's registry holds for the source and type
+// (txhook.Processor.Deliver) and answers with the status that makes the
+// provider do the right thing. Its invariant: never 2xx unless the event's
+// effects are committed, or it duplicates a committed event.
 //
 // # Mounting an endpoint
 //
-//	proc, err := txhook.NewProcessor(pool, nil)
+// Handlers are registered once, in the processor's txhook.Routes, by source
+// and event type, each with its mode; an endpoint is given only its source
+// and provider:
+//
+//	routes := txhook.NewRoutes()
+//	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+//		// Every write through tx: it commits with the event's key.
+//		return mydb.New(tx).MarkInvoicePaid(ctx, ev.Key)
+//	})
+//	routes.Transactional("github", "push", onPush)
+//	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 //	if err != nil { ... }
 //	stripe, err := handler.New(proc, &handler.Config{
 //		Source:   "stripe",
 //		Provider: &handler.Stripe{Secrets: []string{os.Getenv("STRIPE_WEBHOOK_SECRET")}},
-//		Routes: map[string]handler.Route{
-//			"invoice.paid": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-//				// Every write through tx: it commits with the event's key.
-//				_, err := mydb.New(tx).MarkInvoicePaid(ctx, ev.Key)
-//				return err
-//			}),
-//		},
 //	})
 //	if err != nil { ... }
 //	github, err := handler.New(proc, &handler.Config{
 //		Source:   "github",
 //		Provider: &handler.GitHub{Secrets: []string{os.Getenv("GITHUB_WEBHOOK_SECRET")}},
-//		Routes:   map[string]handler.Route{"push": handler.Tx(onPush)},
 //	})
 //	if err != nil { ... }
 //	mux := http.NewServeMux()
 //	mux.Handle("POST /webhooks/stripe", stripe)
 //	mux.Handle("POST /webhooks/github", github)
+//
+// New refuses a source without any route: its endpoint would acknowledge
+// every delivery and apply none.
 //
 // # Status codes
 //
@@ -68,12 +74,14 @@
 // signatures in constant time, and checks signed timestamps against
 // Config.Now. Each also implements Signer, for tests.
 //
-// # Routes
+// # Modes
 //
-// A Route applies one event type. Tx builds a transactional-mode route from a
-// txhook.HandlerFunc; RouteFunc adapts any function, so routes built on other
-// processing modes plug in without changing the endpoint. TxHandler looks up
-// the transactional handler of a type, for replaying recorded events.
+// A route's mode decides what a delivery costs the sender's wait: a
+// transactional route runs its handler in the transaction that records the
+// key; a lease route runs its external work under a claim (in flight while
+// the claim is live: 409 or 503 with the time left on it as Retry-After; a
+// lost claim is a 5xx); an inbox route stores the event and its job and is
+// answered 202, the job applying it later (package inbox).
 //
 // # Unsigned bodies
 //
@@ -101,14 +109,12 @@
 // SharedBodies (Shopify, whose topics can share a body) it is the type and
 // the body.
 //
-// The check is race-free on every route (txhook.ReplayGuard): deliveries of
+// The check is race-free in every mode (txhook.ReplayGuard): deliveries of
 // one identity take a transaction-level advisory lock in turn and each sees
-// the rows of those before it. For Tx routes it runs inside the delivery's
-// own transaction, after its key is inserted; for Lease routes inside the
-// claim's transaction; any other route runs while the guard holds the lock
-// in a transaction of its own on Config.DB, so its delivery holds two
-// connections at once (see Config.DB for the pool sizes this needs). A wait
-// past Config.ReplayLockTimeout is answered in flight.
+// the rows of those before it. It runs inside the transaction that records
+// the event: a transactional route's own, after its key is inserted; a lease
+// route's claim; an inbox route's accept. A wait past
+// Config.ReplayLockTimeout is answered in flight.
 //
 // # Observability
 //

@@ -26,10 +26,6 @@ const DefaultMaxBodyBytes = 1 << 20
 // Shopify 5s), after which the sender has given up on the delivery anyway.
 const DefaultBodyReadTimeout = 15 * time.Second
 
-// DefaultReplayWindow is how far back the replay guard looks by default: the
-// default retention of the events table (txhook.DefaultRetention).
-const DefaultReplayWindow = txhook.DefaultRetention
-
 // ReplayGuard selects whether an endpoint checks for replayed bodies.
 type ReplayGuard int
 
@@ -52,12 +48,6 @@ type Config struct {
 	Source string
 	// Provider verifies and identifies deliveries. Required.
 	Provider Provider
-	// Routes maps event types to routes. A type with no route (and no
-	// Fallback) is answered 200 without running or writing anything, and
-	// logged and reported as AnswerIgnored.
-	Routes map[string]Route
-	// Fallback, if set, handles every type that Routes lacks.
-	Fallback Route
 	// MaxBodyBytes is the largest accepted body; larger ones are answered
 	// 413. A body is read before its signature can be checked, into a
 	// buffer that grows as its bytes arrive (from at most 64 KiB), never
@@ -92,27 +82,13 @@ type Config struct {
 	ReplayGuard ReplayGuard
 	// ReplayWindow is how far back the guard looks. Pruning shortens it in
 	// effect to the prune retention (see txhook.PrunerConfig.ReplayWindow).
-	// Defaults to DefaultReplayWindow.
+	// Defaults to txhook.DefaultRetention, the events table's default
+	// retention (the guard's own default, see txhook.ReplayGuard).
 	ReplayWindow time.Duration
 	// ReplayLockTimeout bounds how long the guard waits for a concurrent
 	// delivery of the same body under another key to finish; past it the
 	// delivery is answered in flight. Defaults to 2s.
 	ReplayLockTimeout time.Duration
-	// DB is the database the processor uses. The replay guard checks Tx
-	// routes inside their own transaction and lease routes inside their
-	// claim; a route of any other kind runs while the guard holds its lock
-	// in a transaction of its own on DB, so DB is required when the guard
-	// is on and a route or the fallback is neither a Tx nor a Lease route.
-	//
-	// Such a route's delivery holds two connections at once: DB's, for the
-	// guard's lock, and the processor's, for the route's own Process or
-	// ProcessLease. Give DB a pool of its own (a second *pgxpool.Pool on
-	// the same database), or, with the processor's pool, keep its MaxConns
-	// at least twice the deliveries of such routes in flight at once:
-	// otherwise deliveries can each hold a guard connection and wait for a
-	// second one until their contexts end (answered 503), none of them
-	// progressing. Tx and Lease routes hold one connection.
-	DB txhook.Beginner
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Observer, if set, receives a Report per delivery (for metrics).
@@ -131,8 +107,6 @@ type Endpoint struct {
 	proc     *txhook.Processor
 	source   string
 	provider Provider
-	routes   map[string]Route
-	fallback Route
 	jsonOnly bool // form-encoded deliveries are answered 415 (GitHub)
 	maxBody  int64
 	readWait time.Duration // Config.BodyReadTimeout; <= 0: none
@@ -182,12 +156,6 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	default:
 		return nil, fmt.Errorf("handler: new endpoint: InFlightStatus %d is not 409 or 503", c.InFlightStatus)
 	}
-	if c.ReplayWindow == 0 {
-		c.ReplayWindow = DefaultReplayWindow
-	}
-	if c.ReplayLockTimeout == 0 {
-		c.ReplayLockTimeout = 2 * time.Second
-	}
 	guarded := false
 	switch c.ReplayGuard {
 	case ReplayGuardAuto:
@@ -200,26 +168,12 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 	default:
 		return nil, fmt.Errorf("handler: new endpoint: unknown ReplayGuard %d", c.ReplayGuard)
 	}
-	routes := make(map[string]Route, len(c.Routes))
-	for t, r := range c.Routes {
-		if r == nil {
-			return nil, fmt.Errorf("handler: new endpoint: nil route for type %q", t)
-		}
-		if tr, ok := r.(*TxRoute); ok && tr.Handler == nil {
-			return nil, fmt.Errorf("handler: new endpoint: nil handler for type %q", t)
-		}
-		routes[t] = r
-	}
-	if tr, ok := c.Fallback.(*TxRoute); ok && tr.Handler == nil {
-		return nil, errors.New("handler: new endpoint: nil fallback handler")
+	if !p.HasRoutes(c.Source) {
+		return nil, fmt.Errorf("handler: new endpoint: no route for source %q: register its handlers in the processor's txhook.Config.Routes", c.Source)
 	}
 	var g *guard
 	if guarded {
-		var err error
-		g, err = newGuard(&c, routes)
-		if err != nil {
-			return nil, fmt.Errorf("handler: new endpoint: %w", err)
-		}
+		g = newGuard(&c)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -231,8 +185,6 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		proc:     p,
 		source:   c.Source,
 		provider: c.Provider,
-		routes:   routes,
-		fallback: c.Fallback,
 		maxBody:  c.MaxBodyBytes,
 		jsonOnly: isGitHub(c.Provider),
 		readWait: c.BodyReadTimeout,
@@ -247,30 +199,6 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 
 // Source returns the endpoint's source name.
 func (e *Endpoint) Source() string { return e.source }
-
-// Route returns the route for eventType: its registered route, else the
-// fallback; ok is false when there is neither.
-func (e *Endpoint) Route(eventType string) (r Route, ok bool) {
-	if r, ok := e.routes[eventType]; ok {
-		return r, true
-	}
-	return e.fallback, e.fallback != nil
-}
-
-// TxHandler returns the transactional handler that would apply an event of
-// eventType (its route's, else the fallback's), for replaying recorded
-// events. ok is false when that route is not a transactional one.
-func (e *Endpoint) TxHandler(eventType string) (txhook.HandlerFunc, bool) {
-	r, ok := e.Route(eventType)
-	if !ok {
-		return nil, false
-	}
-	tr, ok := r.(interface{ TxHandler() txhook.HandlerFunc })
-	if !ok || tr.TxHandler() == nil {
-		return nil, false
-	}
-	return tr.TxHandler(), true
-}
 
 // reply is the answer to one delivery, before it is written.
 type reply struct {
@@ -339,42 +267,24 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) re
 	if err != nil {
 		return reply{outcome: AnswerBadRequest, status: http.StatusBadRequest, err: err}
 	}
-	quiet := AnswerPing // answered 200 without running a route
-	route, ok := e.Route(d.Type)
-	switch {
-	case d.Ping:
-	case !ok:
-		quiet = AnswerIgnored
-	default:
-		quiet = ""
-	}
-	if quiet != "" && e.guard == nil {
-		return reply{outcome: quiet, status: http.StatusOK}
-	}
 	ev := txhook.Event{Source: e.source, Key: d.Key, Type: d.Type, Payload: body}
+	opts := txhook.DeliverOptions{Ignore: d.Ping}
 	if e.guard != nil {
 		ev.PayloadHash = e.guard.hash(d.Type, body)
-		route = e.guard.route(d.Type, quiet != "")
+		opts.Guard = &e.guard.rg
 	}
 	ctx := r.Context()
-	res, err := route.Apply(ctx, e.proc, ev)
+	res, err := e.proc.Deliver(ctx, ev, &opts)
 	if re, ok := errors.AsType[*txhook.ReplayError](err); ok {
 		e.logReplay(ctx, ev, re.Key)
 		return reply{outcome: AnswerReplay, status: http.StatusOK}
 	}
-	if errors.Is(err, txhook.ErrReplayInFlight) {
-		// Another delivery of the same body holds the guard's lock.
-		return e.mapResult(txhook.Result{Outcome: txhook.OutcomeInFlight, RetryAfter: guardRetryAfter}, nil)
-	}
 	a := e.mapResult(res, err)
-	if quiet != "" && a.outcome == AnswerProcessed {
-		a.outcome = quiet // recorded for the guard; nothing else ran
+	if d.Ping && a.outcome == AnswerIgnored {
+		a.outcome = AnswerPing
 	}
 	return a
 }
-
-// guardRetryAfter is the Retry-After answered with txhook.ErrReplayInFlight.
-const guardRetryAfter = 2 * time.Second
 
 func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original string) {
 	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
@@ -400,6 +310,9 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) reply {
 		return reply{outcome: AnswerQueued, status: http.StatusAccepted}
 	case txhook.OutcomeDuplicate:
 		return reply{outcome: AnswerDuplicate, status: http.StatusOK}
+	case txhook.OutcomeIgnored:
+		// No route for the type (recorded when the replay guard is on).
+		return reply{outcome: AnswerIgnored, status: http.StatusOK}
 	case txhook.OutcomeFailed:
 		// Recorded for an operator to replay; the sender must stop retrying.
 		return reply{outcome: AnswerFailed, status: http.StatusOK, err: res.Err}

@@ -23,9 +23,11 @@ import (
 
 // noCommit is a database on which nothing can ever commit: every
 // transaction fails to begin.
-type noCommit struct{}
+// noCommit is a database where no transaction begins; it counts the tries.
+type noCommit struct{ begins *atomic.Int64 }
 
-func (noCommit) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
+func (d noCommit) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
+	d.begins.Add(1)
 	return nil, errors.New("fuzz: no database")
 }
 
@@ -43,7 +45,7 @@ type fuzzEndpoint struct {
 // database the fuzzer can check what the endpoint promises before and
 // around the database: it never panics; it answers only with a status of
 // its table and a JSON body; no handler ever runs (no transaction begins);
-// a route is reached only through a valid signature; and no answer is 2xx
+// the database is reached only through a valid signature; and no answer is 2xx
 // except ping and ignored on an endpoint without the replay guard, the two
 // answers that need no commit. What needs a committing database (a 2xx for
 // a processed delivery is a commit) is the other tests' job.
@@ -51,25 +53,20 @@ type fuzzEndpoint struct {
 // Run it for longer with
 // go test -run '^$' -fuzz FuzzEndpoint -fuzztime 30s ./handler
 func FuzzEndpoint(f *testing.F) {
-	var handlerRuns, routeRuns atomic.Int64
+	var handlerRuns, begins atomic.Int64
 	never := func(context.Context, pgx.Tx, txhook.Event) error {
 		handlerRuns.Add(1)
 		return nil
 	}
-	routes := map[string]handler.Route{
-		"invoice.paid":  handler.Tx(never),
-		"push":          handler.Tx(never),
-		"orders/create": handler.Tx(never),
-		"lease": handler.Lease(txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
-			handlerRuns.Add(1)
-			return nil, nil
-		}}),
-		"route": handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-			routeRuns.Add(1)
-			return p.Process(ctx, ev, never)
-		}),
-	}
-	proc, err := txhook.NewProcessor(noCommit{}, &txhook.Config{Tx: &txhook.TxOptions{MaxAttempts: 1}})
+	routes := txhook.NewRoutes()
+	routes.Transactional("fuzz", "invoice.paid", never)
+	routes.Transactional("fuzz", "push", never)
+	routes.Transactional("fuzz", "orders/create", never)
+	routes.Lease("fuzz", "lease", txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
+		handlerRuns.Add(1)
+		return nil, nil
+	}})
+	proc, err := txhook.NewProcessor(noCommit{&begins}, &txhook.Config{Routes: routes, Tx: &txhook.TxOptions{MaxAttempts: 1}})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -87,7 +84,7 @@ func FuzzEndpoint(f *testing.F) {
 		&handler.HMAC{Secrets: []string{"hm"}, SignatureHeader: "X-Sig", KeyHeader: "X-Id", TypeHeader: "X-Type"},
 	} {
 		ep, err := handler.New(proc, &handler.Config{
-			Source: "fuzz", Provider: p, Routes: routes, DB: noCommit{}, MaxBodyBytes: 4 << 10,
+			Source: "fuzz", Provider: p, MaxBodyBytes: 4 << 10,
 			Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now },
 		})
 		if err != nil {
@@ -106,7 +103,7 @@ func FuzzEndpoint(f *testing.F) {
 	f.Add(uint8(1), false, "POST", "X-GitHub-Delivery: d-1\nX-GitHub-Event: push\nX-Hub-Signature-256: sha256=00", []byte(`{}`), true)
 	f.Add(uint8(2), true, "POST", "X-Shopify-Event-Id: e\nX-Shopify-Topic: orders/create", []byte(`{"id":1}`), false)
 	f.Add(uint8(3), true, "POST", "webhook-id: msg_1", []byte(`{"type":"lease"}`), true)
-	f.Add(uint8(4), true, "POST", "", []byte(`{"id":"k","type":"route"}`), true)
+	f.Add(uint8(4), true, "POST", "", []byte(`{"id":"k","type":"push"}`), true)
 	f.Add(uint8(5), true, "POST", "X-Id: k\nX-Type: nothing", []byte(`{}`), false)
 	f.Add(uint8(0), false, "GET", "Content-Type: application/json", []byte(nil), true)
 	f.Add(uint8(1), false, "POST", "X-GitHub-Delivery: \x00\xff\nX-GitHub-Event: push", bytes.Repeat([]byte("a"), 5<<10), false)
@@ -137,7 +134,7 @@ func FuzzEndpoint(f *testing.F) {
 			req.ContentLength = int64(len(body))
 		}
 		req = req.WithContext(t.Context())
-		before := routeRuns.Load()
+		before := begins.Load()
 		w := httptest.NewRecorder()
 		fe.ep.ServeHTTP(w, req)
 
@@ -151,8 +148,8 @@ func FuzzEndpoint(f *testing.F) {
 		if n := handlerRuns.Load(); n != 0 {
 			t.Fatalf("a handler ran %d times on a database where nothing begins", n)
 		}
-		if routeRuns.Load() != before && !sign {
-			t.Fatal("a route was reached without a valid signature")
+		if begins.Load() != before && !sign {
+			t.Fatal("the database was reached without a valid signature")
 		}
 		if w.Code/100 == 2 {
 			status := answer["status"]

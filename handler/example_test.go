@@ -22,35 +22,34 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	proc, err := txhook.NewProcessor(pool, nil)
+	// Every handler is registered once, by source and event type.
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		// Business writes go through tx: they commit with the key.
+		_, err := tx.Exec(ctx, `INSERT INTO paid_invoices (event_id) VALUES ($1)`, ev.Key)
+		return err
+	})
+	routes.Transactional("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO pushes (delivery_id) VALUES ($1)`, ev.Key)
+		return err
+	})
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		log.Fatal(err)
 	}
 
+	// An endpoint per source verifies its deliveries and applies them
+	// through the source's routes.
 	stripe, err := handler.New(proc, &handler.Config{
 		Source:   "stripe",
 		Provider: &handler.Stripe{Secrets: []string{os.Getenv("STRIPE_WEBHOOK_SECRET")}},
-		Routes: map[string]handler.Route{
-			"invoice.paid": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-				// Business writes go through tx: they commit with the key.
-				_, err := tx.Exec(ctx, `INSERT INTO paid_invoices (event_id) VALUES ($1)`, ev.Key)
-				return err
-			}),
-		},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-
 	github, err := handler.New(proc, &handler.Config{
 		Source:   "github",
 		Provider: &handler.GitHub{Secrets: []string{os.Getenv("GITHUB_WEBHOOK_SECRET")}},
-		Routes: map[string]handler.Route{
-			"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-				_, err := tx.Exec(ctx, `INSERT INTO pushes (delivery_id) VALUES ($1)`, ev.Key)
-				return err
-			}),
-		},
 	})
 	if err != nil {
 		log.Fatal(err)

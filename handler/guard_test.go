@@ -2,7 +2,6 @@ package handler_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -30,7 +29,7 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	t.Run("github ignored then push", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{"push": handler.Tx(record)}}, nil)
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, pushOnly("gh"))
 		body := `{"action":"opened","issue":{"number":7}}`
 		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "issues").want(t, 200, "status", "ignored")
 		e.wantCounts(1, 0)
@@ -46,7 +45,7 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	})
 	t.Run("github ping then push", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{"push": handler.Tx(record)}}, nil)
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, pushOnly("gh"))
 		body := `{"zen":"Design for failure.","hook_id":1}`
 		e.post(gh, body, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").want(t, 200, "status", "ping")
 		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
@@ -54,23 +53,22 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	})
 	t.Run("github guard off answers ignored without writing", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, ReplayGuard: handler.ReplayGuardOff,
-			Routes: map[string]handler.Route{"push": handler.Tx(record)}}, nil)
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, ReplayGuard: handler.ReplayGuardOff}, pushOnly("gh"))
 		e.post(gh, `{}`, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "issues").want(t, 200, "status", "ignored")
 		e.post(gh, `{}`, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "ping").want(t, 200, "status", "ping")
 		e.wantCounts(0, 0)
 	})
 
 	shop := &handler.Shopify{Secrets: []string{"shp"}}
-	shopRoutes := func() map[string]handler.Route {
-		return map[string]handler.Route{
-			"products/create": handler.Tx(record),
-			"products/update": handler.Tx(record),
-		}
+	shopRoutes := func() *txhook.Config {
+		return &txhook.Config{Routes: routesFor("shop", map[string]txhook.HandlerFunc{
+			"products/create": record,
+			"products/update": record,
+		})}
 	}
 	t.Run("shopify two topics of one change", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "shop", Provider: shop, Routes: shopRoutes()}, nil)
+		e := newEnv(t, handler.Config{Source: "shop", Provider: shop}, shopRoutes())
 		body := `{"id":632910392,"title":"IPod Nano - 8GB","updated_at":"2026-01-01T00:00:00-05:00"}`
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-1", "X-Shopify-Topic", "products/create").want(t, 200, "status", "processed")
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "products/update").want(t, 200, "status", "processed")
@@ -81,7 +79,7 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	})
 	t.Run("shopify ignored topic then routed topic", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "shop", Provider: shop, Routes: shopRoutes()}, nil)
+		e := newEnv(t, handler.Config{Source: "shop", Provider: shop}, shopRoutes())
 		body := `{"id":1}`
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-1", "X-Shopify-Topic", "products/delete").want(t, 200, "status", "ignored")
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "products/delete").want(t, 200, "status", "replay")
@@ -97,7 +95,8 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 func TestReplayGuardHMACTypeHeader(t *testing.T) {
 	t.Parallel()
 	p := &handler.HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", KeyField: "id", TypeHeader: "X-Type"}
-	e := newEnv(t, handler.Config{Source: "h", Provider: p, Routes: map[string]handler.Route{"account.delete": handler.Tx(record)}}, nil)
+	e := newEnv(t, handler.Config{Source: "h", Provider: p},
+		&txhook.Config{Routes: routesFor("h", map[string]txhook.HandlerFunc{"account.delete": record})})
 	body := `{"id":"evt_1","account":"42","note":"harmless notification"}`
 	e.post(p, body, "X-Type", "account.notice").want(t, 200, "status", "ignored")
 	e.wantCounts(1, 0)
@@ -178,9 +177,9 @@ func TestReplayGuardLeaseConcurrent(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // keep the claim while the others arrive
 		return recordLater(ev), nil
 	}
-	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{
-		"push": handler.Lease(txhook.LeaseHandler{Work: work}),
-	}}, nil, false)
+	rs := txhook.NewRoutes()
+	rs.Lease("gh", "push", txhook.LeaseHandler{Work: work})
+	e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, &txhook.Config{Routes: rs})
 	answers := deliverConcurrently(t, e, gh, `{"ref":"refs/heads/main","after":"0f1e"}`, "push", 8)
 	wantOneRun(t, e, answers, runs.Load())
 	api.mu.Lock()
@@ -190,90 +189,6 @@ func TestReplayGuardLeaseConcurrent(t *testing.T) {
 		t.Errorf("external calls under %d idempotency keys, want 1", calls)
 	}
 	e.wantCounts(1, 1)
-}
-
-// TestReplayGuardOtherRouteConcurrent does the same for a route that is
-// neither a Tx nor a Lease route: it runs while the guard holds its lock.
-func TestReplayGuardOtherRouteConcurrent(t *testing.T) {
-	t.Parallel()
-	gh := &handler.GitHub{Secrets: []string{"gh"}}
-	var runs atomic.Int64
-	route := handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-		return p.Process(ctx, ev, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			runs.Add(1)
-			time.Sleep(20 * time.Millisecond)
-			return record(ctx, tx, ev)
-		})
-	})
-	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{"push": route}}, nil, true)
-	answers := deliverConcurrently(t, e, gh, `{"ref":"refs/heads/main","after":"2d3c"}`, "push", 8)
-	wantOneRun(t, e, answers, runs.Load())
-	e.wantCounts(1, 1)
-}
-
-// TestReplayGuardOtherRoutePools: a route that is neither a Tx nor a Lease
-// route holds a connection of Config.DB for the guard while its own Process
-// takes one of the processor's pool. With the configurations documented on
-// Config.DB (a pool of its own for DB, or one pool with MaxConns at least
-// twice the concurrent deliveries), as many concurrent deliveries of
-// different bodies as the processor's MaxConns, all inside their routes at
-// once, are all processed.
-func TestReplayGuardOtherRoutePools(t *testing.T) {
-	t.Parallel()
-	const deliveries = 2
-	for _, tc := range []struct {
-		name       string
-		procConns  int32
-		guardConns int32 // 0: the guard shares the processor's pool
-	}{
-		{"separate pool for the guard", deliveries, deliveries},
-		{"one pool, twice the connections", 2 * deliveries, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			d := testdb.New(t)
-			if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (source text, event_key text, event_type text)`); err != nil {
-				t.Fatal(err)
-			}
-			procPool := newPool(t, d.URL, tc.procConns)
-			guardPool := procPool
-			if tc.guardConns > 0 {
-				guardPool = newPool(t, d.URL, tc.guardConns)
-			}
-			var arrived atomic.Int32
-			all := make(chan struct{})
-			route := handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-				// Every delivery holds its guard connection before any
-				// asks for a processor connection.
-				if arrived.Add(1) == deliveries {
-					close(all)
-				}
-				select {
-				case <-all:
-				case <-time.After(5 * time.Second):
-					return txhook.Result{}, errors.New("the other deliveries never reached their routes")
-				}
-				// The sender's patience: without a bound, a pool deadlock
-				// would hang the test instead of failing it.
-				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				defer cancel()
-				return p.Process(ctx, ev, record)
-			})
-			gh := &handler.GitHub{Secrets: []string{"gh"}}
-			e := newEnvPool(t, d.Pool, procPool, handler.Config{Source: "gh", Provider: gh, DB: guardPool,
-				Routes: map[string]handler.Route{"push": route}}, nil)
-			var answers []<-chan int
-			for i := range deliveries {
-				answers = append(answers, postAsyncGitHub(e, gh, fmt.Sprintf(`{"ref":"refs/heads/b%d"}`, i), fmt.Sprint("d-", i)))
-			}
-			for i, ch := range answers {
-				if s := waitStatus(t, ch); s != http.StatusOK {
-					t.Errorf("delivery %d: status %d, want 200", i, s)
-				}
-			}
-			e.wantCounts(deliveries, deliveries)
-		})
-	}
 }
 
 // newPool connects a pool of at most maxConns connections to url, closed
@@ -314,14 +229,14 @@ func TestReplayGuardStatementTimeout(t *testing.T) {
 	t.Cleanup(short.Close)
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started, release := make(chan struct{}), make(chan struct{})
-	e := newEnvPool(t, d.Pool, short, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 5 * time.Second,
-		Routes: map[string]handler.Route{"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	e := newEnvPool(t, d.Pool, short, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 5 * time.Second},
+		&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{"push": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			if ev.Key == "d-1" {
 				close(started)
 				<-release
 			}
 			return record(ctx, tx, ev)
-		})}}, nil)
+		}})})
 	body := `{"ref":"refs/heads/main","after":"9a9a"}`
 	first := postAsyncGitHub(e, gh, body, "d-1")
 	select {
@@ -361,4 +276,9 @@ func postAsyncGitHub(e *env, gh *handler.GitHub, body, id string) <-chan int {
 		ch <- resp.StatusCode
 	}()
 	return ch
+}
+
+// pushOnly is a processor configuration with one route: source's pushes.
+func pushOnly(source string) *txhook.Config {
+	return &txhook.Config{Routes: routesFor(source, map[string]txhook.HandlerFunc{"push": record})}
 }

@@ -74,8 +74,9 @@ func leaseEnv(t *testing.T, cfg handler.Config, h txhook.LeaseHandler) (*env, *h
 		}
 		return work(ctx, c, ev)
 	}
-	cfg.Routes = map[string]handler.Route{"invoice.paid": handler.Lease(h)}
-	e, p := stripeEnv(t, cfg, nil)
+	rs := txhook.NewRoutes()
+	rs.Lease("stripe", "invoice.paid", h)
+	e, p := stripeEnv(t, cfg, &txhook.Config{Routes: rs})
 	return e, p, api
 }
 

@@ -155,7 +155,7 @@ var errNotString = fmt.Errorf("%w: not a string", ErrMalformed)
 // valid UTF-8, and an escaped surrogate (\ud800 to \udfff) that is not half
 // of a pair, into U+FFFD: two keys that differ only there would decode to
 // one, and the second event be answered as a duplicate of the first. Such a
-// string is refused (ErrMalformed and txhook.ErrInvalidUTF8), as a header
+// string is refused (ErrMalformed and txhook.ErrNotText), as a header
 // holding it is; so is any other value that is not a string
 // (errNotString).
 func jsonText(raw json.RawMessage, name string) (string, error) {
@@ -166,7 +166,7 @@ func jsonText(raw json.RawMessage, name string) (string, error) {
 		return "", fmt.Errorf("%w: field %q", errNotString, name)
 	}
 	if !lossless(raw) {
-		return "", fmt.Errorf("%w: field %q is not valid UTF-8 text: %w", ErrMalformed, name, txhook.ErrInvalidUTF8)
+		return "", fmt.Errorf("%w: field %q is not valid UTF-8 text: %w", ErrMalformed, name, txhook.ErrNotText)
 	}
 	if bytes.IndexByte(raw, '\\') < 0 { // nothing to unescape
 		return string(raw[1 : len(raw)-1]), nil

@@ -172,10 +172,9 @@ func TestReplayGuard(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				// Tx routes only and no Config.DB: the guard runs inside the
-				// delivery's transaction.
-				e := newEnvDB(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard, Routes: txRoutes()},
-					&txhook.Config{DedupeWithFirstStatement: first}, false)
+				// The guard runs inside the delivery's transaction.
+				e := newEnv(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard},
+					&txhook.Config{DedupeWithFirstStatement: first})
 				e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
 				r := e.post(tc.p, body, tc.rep...)
 				if !tc.wantReplay {
@@ -197,14 +196,12 @@ func TestReplayGuard(t *testing.T) {
 		}
 	}
 
-	t.Run("route outside a transaction", func(t *testing.T) {
+	t.Run("fallback route", func(t *testing.T) {
 		t.Parallel()
-		// A route that is not a Tx route is checked before it runs, with
-		// Config.DB.
-		lease := handler.RouteFunc(func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-			return p.Process(ctx, ev, record)
-		})
-		e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Fallback: lease, Routes: map[string]handler.Route{}}, nil, true)
+		// A type without a route of its own goes to the source's fallback,
+		// guarded like any other route.
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh},
+			&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{"": record})})
 		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
 		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
 		e.wantCounts(1, 1)
@@ -233,7 +230,7 @@ func TestReplayGuard(t *testing.T) {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
+	proc, err := txhook.NewProcessor(stubBeginner{}, &txhook.Config{Routes: routesFor("s", map[string]txhook.HandlerFunc{"a": record})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,15 +245,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"no secret":      func(c *handler.Config) { c.Provider = &handler.Stripe{} },
 		"bad in-flight":  func(c *handler.Config) { c.InFlightStatus = 200 },
 		"negative limit": func(c *handler.Config) { c.MaxBodyBytes = -1 },
-		"guard without DB": func(c *handler.Config) {
-			c.Provider = &handler.GitHub{Secrets: []string{"x"}}
-			c.Fallback = handler.RouteFunc(func(context.Context, *txhook.Processor, txhook.Event) (txhook.Result, error) {
-				return txhook.Result{}, nil
-			})
-		},
-		"nil route":      func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": nil} },
-		"nil tx handler": func(c *handler.Config) { c.Routes = map[string]handler.Route{"a": handler.Tx(nil)} },
-		"unknown guard":  func(c *handler.Config) { c.ReplayGuard = 9 },
+		// Every delivery would be acknowledged and none applied.
+		"source without routes": func(c *handler.Config) { c.Source = "other" },
+		"unknown guard":         func(c *handler.Config) { c.ReplayGuard = 9 },
 	} {
 		c := ok
 		mutate(&c)
@@ -264,84 +255,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("%s: New = nil error", name)
 		}
 	}
-	// With Tx routes only, the guard runs inside their transactions and
-	// needs no Config.DB.
-	gh := ok
-	gh.Provider = &handler.GitHub{Secrets: []string{"x"}}
-	gh.Routes = map[string]handler.Route{"push": handler.Tx(record)}
-	if _, err := handler.New(proc, &gh); err != nil {
-		t.Errorf("guard with Tx routes, no DB: New = %v", err)
-	}
 	if _, err := handler.New(nil, &ok); err == nil {
 		t.Error("nil processor: New = nil error")
 	}
 	if _, err := handler.New(proc, nil); err == nil {
 		t.Error("nil config: New = nil error")
 	}
-}
-
-func TestTxHandlerLookup(t *testing.T) {
-	t.Parallel()
-	proc, err := txhook.NewProcessor(stubBeginner{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	called := ""
-	mk := func(name string) txhook.HandlerFunc {
-		return func(context.Context, pgx.Tx, txhook.Event) error {
-			mu.Lock()
-			defer mu.Unlock()
-			called = name
-			return nil
-		}
-	}
-	ep, err := handler.New(proc, &handler.Config{
-		Source:   "s",
-		Provider: &handler.Stripe{Secrets: []string{"x"}},
-		Routes: map[string]handler.Route{
-			"a": handler.Tx(mk("a")),
-			"b": handler.RouteFunc(func(context.Context, *txhook.Processor, txhook.Event) (txhook.Result, error) {
-				return txhook.Result{}, nil
-			}),
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, ok := ep.TxHandler("a")
-	if !ok {
-		t.Fatal("TxHandler(a) not found")
-	}
-	if err := h(t.Context(), nil, txhook.Event{}); err != nil || called != "a" {
-		t.Errorf("TxHandler(a) ran %q, %v", called, err)
-	}
-	if _, ok := ep.TxHandler("b"); ok {
-		t.Error("TxHandler(b): a non-transactional route was returned")
-	}
-	if _, ok := ep.TxHandler("zzz"); ok {
-		t.Error("TxHandler(zzz): found without a fallback")
-	}
-	ep, err = handler.New(proc, &handler.Config{
-		Source: "s", Provider: &handler.Stripe{Secrets: []string{"x"}}, Fallback: handler.Tx(mk("fallback")),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h, ok := ep.TxHandler("zzz"); !ok || h(t.Context(), nil, txhook.Event{}) != nil || called != "fallback" {
-		t.Errorf("TxHandler(zzz) with fallback: ok=%v called=%q", ok, called)
-	}
-}
-
-// txRoutes are testRoutes without the ones that are not Tx routes.
-func txRoutes() map[string]handler.Route {
-	r := testRoutes()
-	for t, route := range r {
-		if _, ok := route.(*handler.TxRoute); !ok {
-			delete(r, t)
-		}
-	}
-	return r
 }
 
 // stubBeginner lets tests build a Processor that never reaches a database.
@@ -365,15 +284,15 @@ func TestReplayGuardConcurrent(t *testing.T) {
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started := make(chan struct{})
 	var release *released // set once the server runs
-	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, Routes: map[string]handler.Route{
-		"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, &txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{
+		"push": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			if ev.Key == "d-1" {
 				close(started)
 				<-release.ch
 			}
 			return record(ctx, tx, ev)
-		}),
-	}}, nil, false)
+		},
+	})})
 	release = newReleased(t)
 	body := `{"ref":"refs/heads/main","after":"abc"}`
 	answers := make(map[string]response)
@@ -457,16 +376,16 @@ func TestReplayGuardWaitIsBounded(t *testing.T) {
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started := make(chan struct{})
 	var release *released // set once the server runs
-	e := newEnvDB(t, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 100 * time.Millisecond,
-		Routes: map[string]handler.Route{
-			"push": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	e := newEnv(t, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 100 * time.Millisecond},
+		&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{
+			"push": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 				if ev.Key == "d-1" {
 					close(started)
 					<-release.ch
 				}
 				return record(ctx, tx, ev)
-			}),
-		}}, nil, false)
+			},
+		})})
 	release = newReleased(t)
 	body := `{"ref":"refs/heads/main","after":"def"}`
 	first := make(chan response, 1)

@@ -45,8 +45,8 @@ func TestBodyKeysMustBeText(t *testing.T) {
 			e := newEnv(t, handler.Config{Source: pr.name, Provider: pr.p}, nil)
 			for _, c := range refused {
 				e.post(pr.p, c.body).want(t, 400, "error", "bad_request")
-				if r := e.reps.last(t); c.name != "escaped NUL" && !errors.Is(r.Err, txhook.ErrInvalidUTF8) {
-					t.Errorf("%s: refused for %v, want txhook.ErrInvalidUTF8", c.name, r.Err)
+				if r := e.reps.last(t); c.name != "escaped NUL" && !errors.Is(r.Err, txhook.ErrNotText) {
+					t.Errorf("%s: refused for %v, want txhook.ErrNotText", c.name, r.Err)
 				}
 				e.wantCounts(0, 0)
 			}

@@ -85,12 +85,12 @@ func TestUnavailableAnswers503(t *testing.T) {
 			t.Fatal(err)
 		}
 		closed.Close()
-		own := map[string]handler.Route{"invoice.paid": handler.RouteFunc(
-			func(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-				_, err := closed.Exec(ctx, "SELECT 1")
-				return txhook.Result{}, fmt.Errorf("look up account: %w", err)
-			})}
-		e := newEnvPool(t, d.Pool, d.Pool, handler.Config{Source: "stripe", Provider: stripe, Routes: own}, nil)
+		// The handler looks something up on a pool of its own, closed.
+		own := routesFor("stripe", map[string]txhook.HandlerFunc{"invoice.paid": func(ctx context.Context, _ pgx.Tx, _ txhook.Event) error {
+			_, err := closed.Exec(ctx, "SELECT 1")
+			return fmt.Errorf("look up account: %w", err)
+		}})
+		e := newEnvPool(t, d.Pool, d.Pool, handler.Config{Source: "stripe", Provider: stripe}, &txhook.Config{Routes: own})
 		want503(t, e.post(stripe, stripeEvent("evt_own", "invoice.paid")))
 	})
 }

@@ -28,11 +28,12 @@ func TestReplayGuardOnInboxRoutes(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			s := newSetup(t, nil)
-			route := s.ib.Tx("github", "push", apply)
 			if mode == "lease" {
-				route = s.ib.Lease("github", "push", lease)
+				s.routes.InboxLease("github", "push", lease)
+			} else {
+				s.routes.Inbox("github", "push", apply)
 			}
-			srv := s.endpoint(t, route)
+			srv := s.endpoint(t)
 			body := []byte(`{"ref":"refs/heads/main","after":"c0ffee"}`)
 			if code, answer := deliverBody(t, srv, "d-1", body); code != http.StatusAccepted {
 				t.Fatalf("first delivery: %d %s, want 202", code, answer)

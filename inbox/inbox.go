@@ -2,12 +2,16 @@
 // for senders that never retry (GitHub), give up fast (Shopify), or handlers
 // slower than the sender's timeout.
 //
-// An inbox route accepts a verified delivery: in one transaction it records
+// An inbox route (txhook.Routes' Inbox and InboxLease) accepts a verified
+// delivery, from the HTTP endpoint or a queue consumer (both through
+// txhook.Processor.Deliver): in one transaction it records
 // the event (status queued, with its payload and payload hash) and inserts a
 // River job whose arguments name only the event's source and key; the
 // endpoint answers 202 {"status":"queued"} after COMMIT. River's worker then
-// applies the event exactly once through txhook's engine: in one transaction
-// it locks the event's row, runs the route's handler and marks the row done;
+// applies the event exactly once through txhook's engine, with the route the
+// processor's registry holds for the event's source and type (found from its
+// row: the job carries no handler): in one transaction it locks the event's
+// row, runs the route's handler and marks the row done;
 // the worker then returns and River completes the job, as it completes every
 // job (its completer records finished jobs in batches). The event's row, not
 // the job, decides what a run does: a job run again (its worker died after
@@ -16,9 +20,8 @@
 // worker died, and graceful shutdown; txhook owns the dedupe and the
 // exactly-once apply.
 //
-// Completing the job inside the apply's transaction (River's JobCompleteTx,
-// through txhook.QueuedJob.Complete) would settle both at once, but it is a
-// query of its own in every apply: measured in make bench's end-to-end row,
+// Completing the job inside the apply's transaction (River's JobCompleteTx)
+// would settle both at once, but it is a query of its own in every apply: measured in make bench's end-to-end row,
 // 0.5 ms of the database's time per event (its batched completer: 0.015 ms
 // per job), and 25-35 % fewer events per second end to end.
 //
@@ -33,7 +36,7 @@
 // # Jobs
 //
 // An accepted event ends applied or as a dead letter (a failed row, replayed
-// with txhook.Replayer, the console or the CLI), whatever happens to its
+// with txhook.Processor.Replay, the console or the CLI), whatever happens to its
 // job. A handler error or panic makes the job fail: River retries it with
 // its backoff, and the event stays queued (its row takes the try's number
 // and keeps the last error). A txhook.Permanent error records the event as
@@ -60,12 +63,15 @@
 // # Setup
 //
 //	if err := inbox.Migrate(ctx, pool); err != nil { ... } // River's schema, next to txhook's
-//	ib, err := inbox.New(pool, proc, nil)
+//	routes := txhook.NewRoutes()
+//	routes.Inbox("github", "push", onPush)
+//	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
+//	if err != nil { ... }
+//	ib, err := inbox.New(pool, proc, nil) // the processor's queue
 //	if err != nil { ... }
 //	ep, err := handler.New(proc, &handler.Config{
 //		Source:   "github",
 //		Provider: &handler.GitHub{Secrets: secrets},
-//		Routes:   map[string]handler.Route{"push": ib.Tx("github", "push", onPush)},
 //	})
 //	if err := ib.Start(context.WithoutCancel(ctx)); err != nil { ... } // Stop drains
 //	defer ib.Stop(shutdownCtx)
@@ -87,7 +93,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/txhook/txhook"
-	"github.com/txhook/txhook/handler"
 )
 
 // QueueName is the River queue of inbox jobs unless Config.Queue says
@@ -102,9 +107,9 @@ const (
 	DefaultJobTimeout = time.Minute
 )
 
-// Args are the arguments of the River job applying one event of a
-// transactional-mode handler: only its source and key. The payload lives
-// once, in txhook's events table.
+// Args are the arguments of the River job applying one event: only its
+// source and key. The payload lives once, in txhook's events table, and the
+// event's route (found from its row's source and type) decides the mode.
 type Args struct {
 	Source string `json:"source"`
 	Key    string `json:"key"`
@@ -113,14 +118,15 @@ type Args struct {
 // Kind is River's name for the job.
 func (Args) Kind() string { return "txhook_inbox" }
 
-// LeaseArgs are Args for an event of a lease-mode handler.
-type LeaseArgs struct {
+// leaseArgs are the arguments of the jobs that earlier versions inserted
+// for lease-mode routes; they are applied as Args are.
+type leaseArgs struct {
 	Source string `json:"source"`
 	Key    string `json:"key"`
 }
 
 // Kind is River's name for the job.
-func (LeaseArgs) Kind() string { return "txhook_inbox_lease" }
+func (leaseArgs) Kind() string { return "txhook_inbox_lease" }
 
 // Config configures an Inbox. The zero value (or nil) gives the defaults.
 type Config struct {
@@ -157,8 +163,10 @@ type Config struct {
 // client's leader, also when the leader starts.
 const StuckCheckEvery = time.Minute
 
-// Inbox accepts events into River and applies them with River's workers.
-// Register routes (Tx, Lease) before Start. It is safe for concurrent use.
+// Inbox is the queue of a txhook.Processor's inbox routes (txhook.Routes'
+// Inbox and InboxLease), on River: a delivery to such a route inserts its
+// job (Enqueue), and River's workers apply the event through the
+// processor's routes. It is safe for concurrent use.
 type Inbox struct {
 	proc        *txhook.Processor
 	pool        *pgxpool.Pool
@@ -168,16 +176,11 @@ type Inbox struct {
 	schema      string                  // River's schema (River.Schema)
 	retry       river.ClientRetryPolicy // River's, for the next try of a failed job
 	nextTry     sync.Map                // job id -> time.Time: the next try of the try ending (see nextTryOf)
-
-	mu       sync.RWMutex
-	handlers map[routeKey]txhook.HandlerFunc
-	leases   map[routeKey]txhook.LeaseHandler
 }
 
-type routeKey struct{ source, eventType string }
-
 // New returns an Inbox whose River client runs on pool and whose workers
-// apply events through proc. River's migrations must be applied (Migrate).
+// apply events through proc, and makes it proc's queue (UseQueue): a
+// Processor has one inbox. River's migrations must be applied (Migrate).
 func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error) {
 	if pool == nil || proc == nil {
 		return nil, errors.New("inbox: new: nil pool or processor")
@@ -223,8 +226,6 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 		maxAttempts: c.MaxAttempts,
 		schema:      rc.Schema,
 		retry:       rc.RetryPolicy,
-		handlers:    make(map[routeKey]txhook.HandlerFunc),
-		leases:      make(map[routeKey]txhook.LeaseHandler),
 	}
 	if ib.retry == nil {
 		ib.retry = &river.DefaultClientRetryPolicy{}
@@ -253,6 +254,9 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 		return nil, fmt.Errorf("inbox: new river client: %w", err)
 	}
 	ib.client = client
+	if err := proc.UseQueue(ib); err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
 	return ib, nil
 }
 
@@ -326,165 +330,57 @@ func (ib *Inbox) Stop(ctx context.Context) error {
 	return nil
 }
 
-// Tx registers h as the transactional handler of source's events of
-// eventType ("" for every type without a handler of its own) and returns the
-// endpoint route that accepts them into the inbox.
-func (ib *Inbox) Tx(source, eventType string, h txhook.HandlerFunc) handler.Route {
-	ib.mu.Lock()
-	ib.handlers[routeKey{source, eventType}] = h
-	ib.mu.Unlock()
-	return &route{ib: ib, lease: false}
-}
-
-// Lease registers h as the lease-mode handler of source's events of
-// eventType ("" for every type without a handler of its own) and returns the
-// endpoint route that accepts them into the inbox. Phase one runs in the
-// job under a claim with a fencing token, renewed while it runs; phase two
-// commits with the done mark, and River then completes the job.
-func (ib *Inbox) Lease(source, eventType string, h txhook.LeaseHandler) handler.Route {
-	ib.mu.Lock()
-	ib.leases[routeKey{source, eventType}] = h
-	ib.mu.Unlock()
-	return &route{ib: ib, lease: true}
-}
-
-// HandlerLookup returns the lookup of source's transactional handlers
-// registered with Tx, for replaying its failed events with
-// txhook.NewReplayer (a failed inbox event keeps its payload).
-func (ib *Inbox) HandlerLookup(source string) txhook.HandlerLookup {
-	return func(eventType string) (txhook.HandlerFunc, bool) { return ib.txHandler(source, eventType) }
-}
-
-func (ib *Inbox) txHandler(source, eventType string) (txhook.HandlerFunc, bool) {
-	ib.mu.RLock()
-	defer ib.mu.RUnlock()
-	return lookup(ib.handlers, source, eventType)
-}
-
-func (ib *Inbox) leaseHandler(source, eventType string) (txhook.LeaseHandler, bool) {
-	ib.mu.RLock()
-	defer ib.mu.RUnlock()
-	return lookup(ib.leases, source, eventType)
-}
-
-// lookup returns the handler in m of source's events of eventType, or the
-// one registered for all of source's types ("") without a handler of
-// their own.
-func lookup[H any](m map[routeKey]H, source, eventType string) (H, bool) {
-	if h, ok := m[routeKey{source, eventType}]; ok {
-		return h, true
+// Enqueue implements txhook.Queue: it inserts, in tx, the River job that
+// applies ev (River's InsertTx), whose arguments name only ev's source and
+// key. The processor's inbox routes call it; an application does not.
+func (ib *Inbox) Enqueue(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
+	res, err := ib.client.InsertTx(ctx, tx, Args{Source: ev.Source, Key: ev.Key},
+		&river.InsertOpts{Queue: ib.queue, MaxAttempts: ib.maxAttempts})
+	if err != nil {
+		return 0, fmt.Errorf("insert river job: %w", err)
 	}
-	h, ok := m[routeKey{source, ""}]
-	return h, ok
+	return res.Job.ID, nil
 }
 
-// Accept accepts ev into the inbox outside an HTTP endpoint (from a queue
-// consumer, a test): it records ev as queued and inserts its job in one
-// transaction on the processor's database, as the inbox routes do.
-// Outcomes and errors are txhook.Processor.Accept's. lease selects the
-// lease-mode job (see Lease).
-func (ib *Inbox) Accept(ctx context.Context, ev txhook.Event, lease bool) (txhook.Result, error) {
-	return ib.proc.Accept(ctx, ev, nil, ib.enqueue(lease))
-}
-
-func (ib *Inbox) enqueue(lease bool) txhook.EnqueueFunc {
-	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) (int64, error) {
-		var args river.JobArgs = Args{Source: ev.Source, Key: ev.Key}
-		if lease {
-			args = LeaseArgs{Source: ev.Source, Key: ev.Key}
-		}
-		res, err := ib.client.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: ib.queue, MaxAttempts: ib.maxAttempts})
-		if err != nil {
-			return 0, fmt.Errorf("insert river job: %w", err)
-		}
-		return res.Job.ID, nil
-	}
-}
-
-// route is an inbox route: it accepts events into the inbox.
-type route struct {
-	ib    *Inbox
-	lease bool
-	guard *txhook.ReplayGuard
-}
-
-// Apply implements handler.Route with txhook.Processor.Accept.
-func (r *route) Apply(ctx context.Context, p *txhook.Processor, ev txhook.Event) (txhook.Result, error) {
-	return p.Accept(ctx, ev, r.guard, r.ib.enqueue(r.lease))
-}
-
-// WithGuard implements handler.GuardedRoute: the guard's check runs in the
-// accepting transaction.
-func (r *route) WithGuard(g txhook.ReplayGuard) handler.Route {
-	c := *r
-	c.guard = &g
-	return &c
-}
-
-// txWorker applies the events of transactional-mode handlers.
+// txWorker applies the events of the inbox's jobs.
 type txWorker struct {
 	river.WorkerDefaults[Args]
 	ib *Inbox
 }
 
-// Work applies one event with txhook.Processor.ApplyQueued.
+// Work applies one event with txhook.Processor.ApplyQueued, through the
+// route of its source and type, in the route's mode.
 func (w *txWorker) Work(ctx context.Context, job *river.Job[Args]) error {
-	ib := w.ib
-	source := job.Args.Source
-	j := ib.queuedJob(job.JobRow, source, job.Args.Key)
-	res, err := ib.proc.ApplyQueued(ctx, j, func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-		h, ok := ib.txHandler(source, ev.Type)
-		if !ok {
-			return txhook.Permanent(fmt.Errorf("%w %q of source %q", txhook.ErrNoHandler, ev.Type, source))
-		}
-		return h(ctx, tx, ev)
-	})
-	return ib.jobResult(ctx, job.JobRow, j, res, err)
+	return w.ib.apply(ctx, job.JobRow, job.Args.Source, job.Args.Key)
+}
+
+// apply applies the event of the job row.
+func (ib *Inbox) apply(ctx context.Context, row *rivertype.JobRow, source, key string) error {
+	j := ib.queuedJob(row, source, key)
+	res, err := ib.proc.ApplyQueued(ctx, j)
+	return ib.jobResult(ctx, row, j, res, err)
 }
 
 // NextRetry is when River runs the job again after a failed try: the time
 // the try's log showed (River's retry policy's).
 func (w *txWorker) NextRetry(job *river.Job[Args]) time.Time { return w.ib.takeNextTry(job.JobRow) }
 
-// leaseWorker applies the events of lease-mode handlers.
+// leaseWorker applies the jobs of the kind earlier versions inserted for
+// lease-mode routes, as txWorker does: the route decides the mode.
 type leaseWorker struct {
-	river.WorkerDefaults[LeaseArgs]
+	river.WorkerDefaults[leaseArgs]
 	ib *Inbox
 }
 
-// Work applies one event with txhook.Processor.ApplyQueuedLease.
-func (w *leaseWorker) Work(ctx context.Context, job *river.Job[LeaseArgs]) error {
-	ib := w.ib
-	j := ib.queuedJob(job.JobRow, job.Args.Source, job.Args.Key)
-	rec, err := txhook.GetEventRecord(ctx, ib.pool, j.Source, j.Key)
-	switch {
-	case errors.Is(err, txhook.ErrEventNotFound):
-		return nil // gone (pruned): nothing to apply
-	case err != nil:
-		return ib.jobResult(ctx, job.JobRow, j, txhook.Result{}, err)
-	}
-	h, ok := ib.leaseHandler(j.Source, rec.Type)
-	if !ok {
-		// Recorded as failed, as on a transactional route, through the
-		// claim: an operator replays it once a handler is registered.
-		h = failLease(fmt.Errorf("%w %q of source %q", txhook.ErrNoHandler, rec.Type, j.Source))
-	}
-	res, err := ib.proc.ApplyQueuedLease(ctx, j, h)
-	return ib.jobResult(ctx, job.JobRow, j, res, err)
+// Work applies one event, as txWorker.Work does.
+func (w *leaseWorker) Work(ctx context.Context, job *river.Job[leaseArgs]) error {
+	return w.ib.apply(ctx, job.JobRow, job.Args.Source, job.Args.Key)
 }
 
 // NextRetry is when River runs the job again after a failed try: the time
 // the try's log showed (River's retry policy's).
-func (w *leaseWorker) NextRetry(job *river.Job[LeaseArgs]) time.Time {
+func (w *leaseWorker) NextRetry(job *river.Job[leaseArgs]) time.Time {
 	return w.ib.takeNextTry(job.JobRow)
-}
-
-// failLease is the lease handler of an event without one: its work fails
-// for good with err.
-func failLease(err error) txhook.LeaseHandler {
-	return txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
-		return nil, txhook.Permanent(err)
-	}}
 }
 
 // maxFaultWait bounds the wait before the last try of a job runs again
@@ -594,31 +490,12 @@ func (w *stuckWorker) Work(ctx context.Context, _ *river.Job[stuckArgs]) error {
 	return err
 }
 
-// failStuck records the stuck events of the sources that have routes on the
-// inbox as failed; none are checked while no route is registered.
+// failStuck records the stuck events whose jobs are River's, in the
+// inbox's schema, as failed.
 func (ib *Inbox) failStuck(ctx context.Context) ([]txhook.EventRecord, error) {
-	sources := ib.sources()
-	if len(sources) == 0 {
-		return nil, nil
-	}
-	evs, err := ib.proc.FailStuck(ctx, ib.schema, sources)
+	evs, err := ib.proc.FailStuck(ctx, ib.schema, nil)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	return evs, nil
-}
-
-// sources returns the sources that have routes on the inbox, sorted.
-func (ib *Inbox) sources() []string {
-	ib.mu.RLock()
-	defer ib.mu.RUnlock()
-	var out []string
-	for k := range ib.handlers {
-		out = append(out, k.source)
-	}
-	for k := range ib.leases {
-		out = append(out, k.source)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }

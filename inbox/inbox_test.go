@@ -29,6 +29,7 @@ import (
 	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // childEnv holds the database URL when the test binary runs as a crashing
@@ -91,10 +92,11 @@ func riverConfig() *river.Config {
 }
 
 type setup struct {
-	db   *testdb.DB
-	proc *txhook.Processor
-	ib   *inbox.Inbox
-	logs *logBuffer // the processor's log, JSON lines
+	db     *testdb.DB
+	routes *txhook.Routes // the processor's, registered by each test
+	proc   *txhook.Processor
+	ib     *inbox.Inbox
+	logs   *logBuffer // the processor's log, JSON lines
 }
 
 func newSetup(t *testing.T, cfg *inbox.Config) setup {
@@ -107,7 +109,8 @@ func newSetup(t *testing.T, cfg *inbox.Config) setup {
 func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
 	t.Helper()
 	logs := &logBuffer{}
-	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	routes := txhook.NewRoutes()
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +124,29 @@ func newSetupOn(t *testing.T, d *testdb.DB, cfg *inbox.Config) setup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return setup{db: d, proc: proc, ib: ib, logs: logs}
+	return setup{db: d, routes: routes, proc: proc, ib: ib, logs: logs}
+}
+
+// acceptor returns a processor with s's routes whose inbox, never started,
+// queues its jobs in queue ("" for the default): to accept events into
+// another River queue than s's.
+func (s setup) acceptor(t *testing.T, queue string) *txhook.Processor {
+	t.Helper()
+	p, err := txhook.NewProcessor(s.db.Pool, &txhook.Config{Routes: s.routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.New(s.db.Pool, p, &inbox.Config{Queue: queue, River: riverConfig()}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// accept delivers ev to s's processor: into the inbox, for a type with an
+// inbox route.
+func (s setup) accept(t *testing.T, ev txhook.Event) (txhook.Result, error) {
+	t.Helper()
+	return s.proc.Deliver(t.Context(), ev, nil)
 }
 
 func (s setup) start(t *testing.T) {
@@ -141,7 +166,7 @@ func (s setup) start(t *testing.T) {
 // waitStatus waits up to 90s for the event's row to reach status: a job
 // whose worker died waits for River's rescuer, which runs on an interval of
 // its own (about half a minute) and, on a loaded machine, later.
-func (s setup) waitStatus(t *testing.T, key, status string) txhook.EventRecord {
+func (s setup) waitStatus(t *testing.T, key string, status txhook.Status) txhook.EventRecord {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -180,7 +205,7 @@ func (s setup) record(t *testing.T, key string) txhook.EventRecord {
 
 // waitStatusWithin is waitStatus for a job that needs no rescue: it fails
 // after within.
-func (s setup) waitStatusWithin(t *testing.T, within time.Duration, key, status string) txhook.EventRecord {
+func (s setup) waitStatusWithin(t *testing.T, within time.Duration, key string, status txhook.Status) txhook.EventRecord {
 	t.Helper()
 	var rec txhook.EventRecord
 	waitUntil(t, within, fmt.Sprintf("event %s reaches status %s", key, status), func() bool {
@@ -244,14 +269,13 @@ func (s setup) jobs(t *testing.T) int {
 
 var secret = "It's a Secret to Everybody"
 
-// endpoint returns a GitHub endpoint whose push route is r, on an httptest
+// endpoint returns a GitHub endpoint of s's processor, on an httptest
 // server.
-func (s setup) endpoint(t *testing.T, r handler.Route) *httptest.Server {
+func (s setup) endpoint(t *testing.T) *httptest.Server {
 	t.Helper()
 	ep, err := handler.New(s.proc, &handler.Config{
 		Source:   "github",
 		Provider: &handler.GitHub{Secrets: []string{secret}},
-		Routes:   map[string]handler.Route{"push": r},
 		Logger:   quietLogger(),
 	})
 	if err != nil {
@@ -297,7 +321,8 @@ func deliverBody(t *testing.T, srv *httptest.Server, key string, body []byte) (i
 func TestAcceptThenApply(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
-	srv := s.endpoint(t, s.ib.Tx("github", "push", apply))
+	s.routes.Inbox("github", "push", apply)
+	srv := s.endpoint(t)
 	if got := deliver(t, srv, "d-1"); got != http.StatusAccepted {
 		t.Fatalf("delivery answered %d, want 202", got)
 	}
@@ -326,7 +351,8 @@ func TestAcceptThenApply(t *testing.T) {
 func TestDuplicateWhileQueuedAndAfterDone(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
-	srv := s.endpoint(t, s.ib.Tx("github", "push", apply))
+	s.routes.Inbox("github", "push", apply)
+	srv := s.endpoint(t)
 	if got := deliver(t, srv, "d-1"); got != http.StatusAccepted {
 		t.Fatalf("first delivery answered %d, want 202", got)
 	}
@@ -358,6 +384,7 @@ func TestDuplicateWhileQueuedAndAfterDone(t *testing.T) {
 func TestConcurrentAcceptsOneJob(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
+	s.routes.Inbox("github", "push", apply)
 	ev := txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}
 	const n = 8
 	var (
@@ -369,7 +396,7 @@ func TestConcurrentAcceptsOneJob(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			res, err := s.ib.Accept(t.Context(), ev, false)
+			res, err := s.accept(t, ev)
 			outcomes[i], errs[i] = res.Outcome, err
 		})
 	}
@@ -406,7 +433,7 @@ func TestErrorThenSuccess(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
 	var tries atomic.Int32
-	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	s.routes.Inbox("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		if err := apply(ctx, tx, ev); err != nil {
 			return err
 		}
@@ -415,7 +442,7 @@ func TestErrorThenSuccess(t *testing.T) {
 		}
 		return nil
 	})
-	if res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil || res.Outcome != txhook.OutcomeQueued {
+	if res, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push"}); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
 	}
 	s.start(t)
@@ -442,8 +469,8 @@ func TestPermanentThenReplay(t *testing.T) {
 		}
 		return nil
 	}
-	s.ib.Tx("github", "push", h)
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+	s.routes.Inbox("github", "push", h)
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	s.start(t)
@@ -453,11 +480,7 @@ func TestPermanentThenReplay(t *testing.T) {
 		t.Fatalf("applied %d, record %+v: want the writes rolled back and a dead letter with payload", n, rec)
 	}
 	fail.Store(false)
-	rp, err := txhook.NewReplayer(s.db.Pool, s.ib.HandlerLookup("github"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res, err := rp.Replay(t.Context(), "github", "d-1"); err != nil || res.Outcome != txhook.OutcomeProcessed {
+	if res, err := s.proc.Replay(t.Context(), "github", "d-1"); err != nil || res.Outcome != txhook.OutcomeProcessed {
 		t.Fatalf("Replay = %v, %v; want processed", res.Outcome, err)
 	}
 	if n := s.applied(t, "d-1"); n != 1 {
@@ -469,11 +492,11 @@ func TestLastAttemptFails(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, &inbox.Config{MaxAttempts: 2})
 	var tries atomic.Int32
-	s.ib.Tx("github", "push", func(context.Context, pgx.Tx, txhook.Event) error {
+	s.routes.Inbox("github", "push", func(context.Context, pgx.Tx, txhook.Event) error {
 		tries.Add(1)
 		return errors.New("always fails")
 	})
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil {
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push"}); err != nil {
 		t.Fatal(err)
 	}
 	s.start(t)
@@ -484,29 +507,35 @@ func TestLastAttemptFails(t *testing.T) {
 	}
 }
 
-// An event whose type has no handler is recorded as failed and its job
-// cancelled, on a lease route as on a transactional one: an operator can
-// replay it once a handler is registered (it is not left queued with its
-// only job gone).
+// An event whose type has no route when its job runs (the route was
+// removed by a deploy after the event was accepted) is recorded as failed
+// and its job cancelled: an operator can replay it once a route is
+// registered again (it is not left queued with its only job gone).
 func TestNoHandlerFailsTheEvent(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
-	s.ib.Tx("github", "push", apply)
-	s.ib.Lease("github", "push", txhook.LeaseHandler{
-		Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, nil }})
-	for _, lease := range []bool{false, true} {
-		key := map[bool]string{false: "tx-1", true: "lease-1"}[lease]
-		if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "issues"}, lease); err != nil {
-			t.Fatal(err)
-		}
+	s.routes.Inbox("github", "push", apply)
+	// Accepted by a deploy that had a route for issues.
+	before := txhook.NewRoutes()
+	before.Inbox("github", "issues", apply)
+	acc, err := txhook.NewProcessor(s.db.Pool, &txhook.Config{Routes: before})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.New(s.db.Pool, acc, &inbox.Config{River: riverConfig()}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := acc.Deliver(t.Context(), txhook.Event{Source: "github", Key: "i-1", Type: "issues"}, nil); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("accept = %v, %v; want queued", res.Outcome, err)
 	}
 	s.start(t)
-	for _, key := range []string{"tx-1", "lease-1"} {
-		rec := s.waitStatus(t, key, txhook.StatusFailed)
-		s.waitJobState(t, rec.JobID, string(rivertype.JobStateCancelled))
-		if !strings.Contains(rec.LastError, "no handler") {
-			t.Errorf("%s: last error %q, want it to name the missing handler", key, rec.LastError)
-		}
+	rec := s.waitStatus(t, "i-1", txhook.StatusFailed)
+	s.waitJobState(t, rec.JobID, string(rivertype.JobStateCancelled))
+	if !strings.Contains(rec.LastError, "no handler") {
+		t.Errorf("last error %q, want it to name the missing handler", rec.LastError)
+	}
+	if n := s.applied(t, "i-1"); n != 0 {
+		t.Errorf("applied %d times, want 0", n)
 	}
 }
 
@@ -527,13 +556,14 @@ func TestLastAttemptDatabaseDownIsNotAFailure(t *testing.T) {
 		}
 		return apply(ctx, tx, ev)
 	}
-	s.ib.Tx("github", "push", killFirst)
-	s.ib.Lease("github", "push", txhook.LeaseHandler{Lease: 5 * time.Second,
+	s.routes.Inbox("github", "push", killFirst)
+	s.routes.InboxLease("github", "lease", txhook.LeaseHandler{Lease: 5 * time.Second,
 		Work: func(_ context.Context, _ txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			return func(ctx context.Context, tx pgx.Tx) error { return killFirst(ctx, tx, ev) }, nil
 		}})
 	for _, key := range []string{"tx-1", "lease-1"} {
-		if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push"}, key == "lease-1"); err != nil {
+		typ := map[string]string{"tx-1": "push", "lease-1": "lease"}[key]
+		if _, err := s.accept(t, txhook.Event{Source: "github", Key: key, Type: typ}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -556,7 +586,7 @@ func TestLeaseRoute(t *testing.T) {
 	var mu sync.Mutex
 	var calls []string // the idempotency keys sent with each external call
 	var tokens []int
-	s.ib.Lease("github", "push", txhook.LeaseHandler{
+	s.routes.InboxLease("github", "push", txhook.LeaseHandler{
 		Lease: 5 * time.Second,
 		Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 			mu.Lock()
@@ -570,7 +600,7 @@ func TestLeaseRoute(t *testing.T) {
 			return func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, ev) }, nil
 		},
 	})
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, true); err != nil {
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push"}); err != nil {
 		t.Fatal(err)
 	}
 	s.start(t)
@@ -628,11 +658,11 @@ func (l *logBuffer) records(t *testing.T) []map[string]any {
 // every event is applied exactly once.
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
-	points := []txhook.CrashPoint{
-		txhook.CrashInboxAfterFetch, txhook.CrashInboxAfterHandler,
-		txhook.CrashInboxBeforeCommit, txhook.CrashInboxAfterCommit,
+	points := []txhooktest.CrashPoint{
+		txhooktest.CrashInboxAfterFetch, txhooktest.CrashInboxAfterHandler,
+		txhooktest.CrashInboxBeforeCommit, txhooktest.CrashInboxAfterCommit,
 	}
-	s := crashEachPoint(t, points, false, func(s setup) { s.ib.Tx("github", "push", apply) })
+	s := crashEachPoint(t, points, false, func(s setup) { s.routes.Inbox("github", "push", apply) })
 	for _, p := range points {
 		t.Run(string(p), func(t *testing.T) {
 			key := crashKey(p)
@@ -641,7 +671,7 @@ func TestCrashPoints(t *testing.T) {
 			if n := s.applied(t, key); n != 1 {
 				t.Fatalf("applied %d times after a crash at %s, want 1", n, p)
 			}
-			s.checkAttempts(t, rec, p == txhook.CrashInboxAfterCommit)
+			s.checkAttempts(t, rec, p == txhooktest.CrashInboxAfterCommit)
 		})
 	}
 }
@@ -670,20 +700,20 @@ func (s setup) checkAttempts(t *testing.T, rec txhook.EventRecord, appliedEarlie
 // the event's idempotency key under a claim of its own.
 func TestLeaseCrashPoints(t *testing.T) {
 	t.Parallel()
-	points := []txhook.CrashPoint{
-		txhook.CrashInboxAfterFetch, txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal,
-		txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
+	points := []txhooktest.CrashPoint{
+		txhooktest.CrashInboxAfterFetch, txhooktest.CrashLeaseAfterClaim, txhooktest.CrashLeaseAfterExternal,
+		txhooktest.CrashLeaseBeforeCommit, txhooktest.CrashLeaseAfterCommit,
 	}
 	// External calls at least: the dead worker's and the takeover's.
-	minCalls := map[txhook.CrashPoint]int{
-		txhook.CrashInboxAfterFetch: 1, txhook.CrashLeaseAfterClaim: 1, txhook.CrashLeaseAfterExternal: 2,
-		txhook.CrashLeaseBeforeCommit: 2, txhook.CrashLeaseAfterCommit: 1,
+	minCalls := map[txhooktest.CrashPoint]int{
+		txhooktest.CrashInboxAfterFetch: 1, txhooktest.CrashLeaseAfterClaim: 1, txhooktest.CrashLeaseAfterExternal: 2,
+		txhooktest.CrashLeaseBeforeCommit: 2, txhooktest.CrashLeaseAfterCommit: 1,
 	}
 	s := crashEachPoint(t, points, true, func(s setup) {
 		if _, err := s.db.Pool.Exec(t.Context(), externalCallsTable); err != nil {
 			t.Fatal(err)
 		}
-		s.ib.Lease("github", "push", notify(s.db.Pool))
+		s.routes.InboxLease("github", "lease", notify(s.db.Pool))
 	})
 	for _, p := range points {
 		t.Run(string(p), func(t *testing.T) {
@@ -710,7 +740,7 @@ func TestLeaseCrashPoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.checkAttempts(t, rec, p == txhook.CrashLeaseAfterCommit)
+			s.checkAttempts(t, rec, p == txhooktest.CrashLeaseAfterCommit)
 			if len(calls) < minCalls[p] {
 				t.Fatalf("external calls = %v, want at least %d after a crash at %s", calls, minCalls[p], p)
 			}
@@ -729,12 +759,12 @@ func TestLeaseCrashPoints(t *testing.T) {
 
 // crashKey is the key of the event crashEachPoint sends to crash point p;
 // crashQueue is the River queue of its job.
-func crashKey(p txhook.CrashPoint) string   { return "d-" + string(p) }
-func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
+func crashKey(p txhooktest.CrashPoint) string   { return "d-" + string(p) }
+func crashQueue(p txhooktest.CrashPoint) string { return "crash-" + string(p) }
 
 // crashEachPoint sets up a database for the crash tests and calls prepare
 // (which registers the route's handler on s.ib). For each point in turn it
-// accepts an event (crashKey; a lease route's when lease is set) into a
+// accepts an event (crashKey; of type push, or lease when lease is set) into a
 // River queue of the point's own and runs a worker process on that queue
 // alone, armed to exit at the point, so that each process takes its own
 // event and no other. Then it starts s's worker, which runs every queue,
@@ -743,7 +773,7 @@ func crashQueue(p txhook.CrashPoint) string { return "crash-" + string(p) }
 // dead leader's term has run out) and they are older than
 // RescueStuckJobsAfter: the events are then applied together, in about the
 // time one of them takes.
-func crashEachPoint(t *testing.T, points []txhook.CrashPoint, lease bool, prepare func(s setup)) setup {
+func crashEachPoint(t *testing.T, points []txhooktest.CrashPoint, lease bool, prepare func(s setup)) setup {
 	t.Helper()
 	rc := riverConfig()
 	rc.Queues = make(map[string]river.QueueConfig, len(points))
@@ -755,11 +785,11 @@ func crashEachPoint(t *testing.T, points []txhook.CrashPoint, lease bool, prepar
 	for _, p := range points {
 		// An inbox that is never started, to insert the job into the
 		// point's queue.
-		acc, err := inbox.New(s.db.Pool, s.proc, &inbox.Config{Queue: crashQueue(p), River: riverConfig()})
-		if err != nil {
-			t.Fatal(err)
+		typ := "push"
+		if lease {
+			typ = "lease"
 		}
-		res, err := acc.Accept(t.Context(), txhook.Event{Source: "github", Key: crashKey(p), Type: "push"}, lease)
+		res, err := s.acceptor(t, crashQueue(p)).Deliver(t.Context(), txhook.Event{Source: "github", Key: crashKey(p), Type: typ}, nil)
 		if err != nil || res.Outcome != txhook.OutcomeQueued {
 			t.Fatalf("Accept = %v, %v", res.Outcome, err)
 		}
@@ -799,21 +829,21 @@ func notify(pool *pgxpool.Pool) txhook.LeaseHandler {
 
 // crashWorker runs a worker process (runChild) on s's database and the
 // queue crashQueue(p), armed to exit at p, and fails t unless it exits so.
-func (s setup) crashWorker(t *testing.T, p txhook.CrashPoint) {
+func (s setup) crashWorker(t *testing.T, p txhooktest.CrashPoint) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhook.CrashPointEnv+"="+string(p))
+	cmd.Env = append(os.Environ(), childEnv+"="+s.db.URL, childQueueEnv+"="+crashQueue(p), txhooktest.CrashPointEnv+"="+string(p))
 	out, err := cmd.CombinedOutput()
-	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhook.CrashExitCode, p, out)
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhooktest.CrashExitCode {
+		t.Fatalf("worker exited with %v, want exit %d at %s; output:\n%s", err, txhooktest.CrashExitCode, p, out)
 	}
 }
 
 // runChild is the crashing worker: it runs the inbox on the queue named by
-// childQueueEnv, with apply on the transactional route and notify on the
-// lease route, until the armed crash point ends the process, or gives up
+// childQueueEnv, with apply on the push route and notify on the lease
+// route (type lease), until the armed crash point ends the process, or gives up
 // after 30s.
 func runChild(url string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -823,7 +853,10 @@ func runChild(url string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	proc, err := txhook.NewProcessor(pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "push", apply)
+	routes.InboxLease("github", "lease", notify(pool))
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -833,8 +866,6 @@ func runChild(url string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ib.Tx("github", "push", apply)
-	ib.Lease("github", "push", notify(pool))
 	if err := ib.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -850,12 +881,12 @@ func TestStopDrainsRunningJob(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
 	started := make(chan struct{})
-	s.ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+	s.routes.Inbox("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 		close(started)
 		time.Sleep(300 * time.Millisecond)
 		return apply(ctx, tx, ev)
 	})
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil {
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.ib.Start(t.Context()); err != nil {
@@ -907,8 +938,8 @@ func TestMigrateOnFreshDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSetupOn(t, d, nil)
-	s.ib.Tx("github", "push", apply)
-	if res, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push"}, false); err != nil || res.Outcome != txhook.OutcomeQueued {
+	s.routes.Inbox("github", "push", apply)
+	if res, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push"}); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
 	}
 	s.start(t)

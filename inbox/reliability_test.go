@@ -17,22 +17,18 @@ import (
 	"github.com/txhook/txhook/inbox"
 )
 
-// leaseLookup is the Replayer's lookup of one lease-mode handler for every
-// type.
-func leaseLookup(h txhook.LeaseHandler) txhook.LeaseLookup {
-	return func(string) (txhook.LeaseHandler, bool) { return h, true }
-}
-
-// replayer returns a Replayer with tx for the transactional types and lease
-// for "lease".
-func (s setup) replayer(t *testing.T, tx txhook.HandlerFunc, lease txhook.LeaseHandler) *txhook.Replayer {
+// replayer returns a Processor whose routes for github are tx for push and
+// lease for the type lease: the application once it is fixed, replaying.
+func (s setup) replayer(t *testing.T, tx txhook.HandlerFunc, lease txhook.LeaseHandler) *txhook.Processor {
 	t.Helper()
-	rp, err := txhook.NewReplayer(s.db.Pool, func(typ string) (txhook.HandlerFunc, bool) { return tx, typ != "lease" },
-		&txhook.ReplayerConfig{LeaseLookup: leaseLookup(lease), Processor: s.proc})
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "push", tx)
+	routes.InboxLease("github", "lease", lease)
+	p, err := txhook.NewProcessor(s.db.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rp
+	return p
 }
 
 // applyLease is a lease-mode handler whose phase two is apply.
@@ -49,17 +45,17 @@ func TestPanicOnEveryTryIsADeadLetter(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, &inbox.Config{MaxAttempts: 2})
 	var tries atomic.Int32
-	s.ib.Tx("github", "push", func(context.Context, pgx.Tx, txhook.Event) error {
+	s.routes.Inbox("github", "push", func(context.Context, pgx.Tx, txhook.Event) error {
 		tries.Add(1)
 		panic("boom")
 	})
-	s.ib.Lease("github", "lease", txhook.LeaseHandler{Lease: 5 * time.Second,
+	s.routes.InboxLease("github", "lease", txhook.LeaseHandler{Lease: 5 * time.Second,
 		Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 			tries.Add(1)
 			panic("boom")
 		}})
 	for _, ev := range []txhook.Event{{Source: "github", Key: "tx-1", Type: "push", Payload: []byte(`{}`)}, {Source: "github", Key: "lease-1", Type: "lease", Payload: []byte(`{}`)}} {
-		if _, err := s.ib.Accept(t.Context(), ev, ev.Type == "lease"); err != nil {
+		if _, err := s.accept(t, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -121,8 +117,8 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 				_, err := tx.Exec(ctx, `SELECT pg_sleep(30)`) // until cancelled
 				return err
 			}
-			s.ib.Tx("github", "push", slow)
-			s.ib.Lease("github", "lease", txhook.LeaseHandler{Lease: 5 * time.Second,
+			s.routes.Inbox("github", "push", slow)
+			s.routes.InboxLease("github", "lease", txhook.LeaseHandler{Lease: 5 * time.Second,
 				Work: func(ctx context.Context, _ txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 					running <- ev.Key
 					<-ctx.Done()
@@ -130,7 +126,7 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 				}})
 			jobs := map[string]int64{}
 			for _, ev := range []txhook.Event{{Source: "github", Key: "tx-1", Type: "push", Payload: []byte(`{}`)}, {Source: "github", Key: "lease-1", Type: "lease", Payload: []byte(`{}`)}} {
-				if _, err := s.ib.Accept(t.Context(), ev, ev.Type == "lease"); err != nil {
+				if _, err := s.accept(t, ev); err != nil {
 					t.Fatal(err)
 				}
 				jobs[ev.Key] = s.record(t, ev.Key).JobID
@@ -149,7 +145,7 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 			}
 			c.stop(t, s.ib, cancelStart)
 
-			want := map[string]string{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
+			want := map[string]txhook.Status{"tx-1": txhook.StatusQueued, "lease-1": txhook.StatusInProgress}
 			for key, status := range want {
 				if rec := s.record(t, key); rec.Status != status {
 					t.Errorf("%s after the shutdown: status %q (last error %q), want %q", key, rec.Status, rec.LastError, status)
@@ -161,8 +157,8 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 
 			// After the restart, a worker that does not hang applies both.
 			next := newSetupOn(t, s.db, nil)
-			next.ib.Tx("github", "push", apply)
-			next.ib.Lease("github", "lease", applyLease)
+			next.routes.Inbox("github", "push", apply)
+			next.routes.InboxLease("github", "lease", applyLease)
 			next.start(t)
 			for key := range want {
 				rec := next.waitStatusWithin(t, 10*time.Second, key, txhook.StatusDone)
@@ -182,10 +178,17 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 func TestStuckEventsBecomeDeadLetters(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
-	s.ib.Tx("github", "push", apply)
-	s.ib.Lease("github", "lease", applyLease)
-	other, err := inbox.New(s.db.Pool, s.proc, &inbox.Config{River: riverConfig()}) // routes of another source
+	s.routes.Inbox("github", "push", apply)
+	s.routes.InboxLease("github", "lease", applyLease)
+	// Another application's inbox, on the same database: its source's
+	// events are not this inbox's to judge.
+	shop := txhook.NewRoutes()
+	shop.Inbox("shop", "push", apply)
+	other, err := txhook.NewProcessor(s.db.Pool, &txhook.Config{Routes: shop})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.New(s.db.Pool, other, &inbox.Config{Queue: "other_inbox", River: riverConfig()}); err != nil {
 		t.Fatal(err)
 	}
 	jobs := map[string]int64{}
@@ -197,11 +200,11 @@ func TestStuckEventsBecomeDeadLetters(t *testing.T) {
 		{Source: "github", Key: "live", Type: "push", Payload: []byte(`{}`)},
 		{Source: "shop", Key: "other-source", Type: "push", Payload: []byte(`{}`)},
 	} {
-		ib := s.ib
+		p := s.proc
 		if ev.Source == "shop" {
-			ib = other
+			p = other
 		}
-		if _, err := ib.Accept(t.Context(), ev, ev.Type == "lease"); err != nil {
+		if _, err := p.Deliver(t.Context(), ev, nil); err != nil {
 			t.Fatal(err)
 		}
 		rec, err := txhook.GetEventRecord(t.Context(), s.db.Pool, ev.Source, ev.Key)
@@ -266,7 +269,7 @@ func TestStuckEventsBecomeDeadLetters(t *testing.T) {
 	}
 
 	// Stuck and not yet checked: the replay takes it over.
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "late", Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "late", Type: "push", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	exec(`DELETE FROM river_job WHERE id = $1`, s.record(t, "late").JobID)
@@ -293,8 +296,8 @@ func TestStuckEventsBecomeDeadLetters(t *testing.T) {
 func TestStuckCheckRunsOnStart(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, nil)
-	s.ib.Tx("github", "push", apply)
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+	s.routes.Inbox("github", "push", apply)
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.db.Pool.Exec(t.Context(), `DELETE FROM river_job`); err != nil {
@@ -325,8 +328,8 @@ func keys(evs []txhook.EventRecord) []string {
 func TestFailedTriesAreLogged(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, &inbox.Config{MaxAttempts: 2})
-	s.ib.Tx("github", "push", func(context.Context, pgx.Tx, txhook.Event) error { return errors.New("downstream said no") })
-	if _, err := s.ib.Accept(t.Context(), txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+	s.routes.Inbox("github", "push", func(context.Context, pgx.Tx, txhook.Event) error { return errors.New("downstream said no") })
+	if _, err := s.accept(t, txhook.Event{Source: "github", Key: "d-1", Type: "push", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	s.start(t)

@@ -7,8 +7,9 @@
 //	ep, err := handler.New(proc, &handler.Config{..., Observer: obs})
 //
 // Two instruments are recorded per delivery, both with the attributes
-// txhook.source, txhook.outcome (handler.Answer) and
-// http.response.status_code:
+// txhook.source, txhook.outcome (handler.Answer) and, for webhooks,
+// http.response.status_code (a broker message, from the queue consumers,
+// has none):
 //
 //	txhook.handler.deliveries   counter of deliveries
 //	txhook.handler.duration     histogram of the time to answer, in seconds
@@ -65,11 +66,14 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 
 // ObserveDelivery records r.
 func (o *Observer) ObserveDelivery(ctx context.Context, r handler.Report) {
-	attrs := metric.WithAttributeSet(attribute.NewSet(
+	kv := []attribute.KeyValue{
 		attribute.String("txhook.source", r.Source),
 		attribute.String("txhook.outcome", string(r.Answer)),
-		attribute.Int("http.response.status_code", r.Status),
-	))
+	}
+	if r.Status != 0 {
+		kv = append(kv, attribute.Int("http.response.status_code", r.Status))
+	}
+	attrs := metric.WithAttributeSet(attribute.NewSet(kv...))
 	o.deliveries.Add(ctx, 1, attrs)
 	o.duration.Record(ctx, r.Duration.Seconds(), attrs)
 }

@@ -48,6 +48,7 @@ func TestObserver(t *testing.T) {
 		{Source: "stripe", Key: "evt_1", Answer: handler.AnswerDuplicate, Status: 200, Duration: 3 * time.Millisecond},
 		{Source: "stripe", Key: "evt_2", Answer: handler.AnswerProcessed, Status: 200, Duration: 2 * time.Second},
 		{Source: "github", Answer: handler.AnswerBadSignature, Status: 400, Duration: time.Millisecond},
+		{Source: "orders", Key: "m1", Answer: handler.AnswerProcessed, Duration: time.Millisecond}, // a broker message
 	} {
 		obs.ObserveDelivery(t.Context(), r)
 	}
@@ -61,13 +62,17 @@ func TestObserver(t *testing.T) {
 	for _, dp := range sum.DataPoints {
 		src, _ := dp.Attributes.Value("txhook.source")
 		out, _ := dp.Attributes.Value("txhook.outcome")
-		code, _ := dp.Attributes.Value("http.response.status_code")
+		code, hasCode := dp.Attributes.Value("http.response.status_code")
+		if !hasCode {
+			counts[src.AsString()+"/"+out.AsString()+"/none"] = dp.Value
+			continue
+		}
 		counts[src.AsString()+"/"+out.AsString()+"/"+code.String()] = dp.Value
 		if dp.Attributes.HasValue(attribute.Key("txhook.key")) {
 			t.Error("event key recorded as an attribute")
 		}
 	}
-	want := map[string]int64{"stripe/processed/200": 2, "stripe/duplicate/200": 1, "github/bad_signature/400": 1}
+	want := map[string]int64{"stripe/processed/200": 2, "stripe/duplicate/200": 1, "github/bad_signature/400": 1, "orders/processed/none": 1}
 	for k, v := range want {
 		if counts[k] != v {
 			t.Errorf("count %s = %d, want %d (all: %v)", k, counts[k], v, counts)
@@ -101,7 +106,9 @@ func TestObserverOnEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc, err := txhook.NewProcessor(noDB{}, nil)
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "", func(context.Context, pgx.Tx, txhook.Event) error { return nil })
+	proc, err := txhook.NewProcessor(noDB{}, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}

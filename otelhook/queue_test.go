@@ -37,14 +37,18 @@ func TestObserveQueue(t *testing.T) {
 	if n, age := gauges(); n != 0 || age != 0 {
 		t.Fatalf("empty queue: queued %d, oldest age %v; want 0 and 0", n, age)
 	}
-	proc, err := txhook.NewProcessor(d.Pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "", func(context.Context, pgx.Tx, txhook.Event) error { return nil })
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := proc.UseQueue(jobOne{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, key := range []string{"q-1", "q-2", "q-3"} {
-		if _, err := proc.Accept(t.Context(), txhook.Event{Source: "github", Key: key}, nil,
-			func(context.Context, pgx.Tx, txhook.Event) (int64, error) { return 1, nil }); err != nil {
-			t.Fatal(err)
+		if res, err := proc.Deliver(t.Context(), txhook.Event{Source: "github", Key: key}, nil); err != nil || res.Outcome != txhook.OutcomeQueued {
+			t.Fatalf("deliver %s: %v, %v; want queued", key, res.Outcome, err)
 		}
 	}
 	if _, err := d.Pool.Exec(t.Context(), `UPDATE txhook_processed_events SET created_at = now() - interval '1 minute' WHERE event_key = 'q-2'`); err != nil {
@@ -54,3 +58,8 @@ func TestObserveQueue(t *testing.T) {
 		t.Fatalf("queue: queued %d, oldest age %vs; want 3 and about 60s", n, age)
 	}
 }
+
+// jobOne is a queue whose every job is number 1, inserted nowhere.
+type jobOne struct{}
+
+func (jobOne) Enqueue(context.Context, pgx.Tx, txhook.Event) (int64, error) { return 1, nil }

@@ -121,7 +121,7 @@ func CheckDuplicates(t testing.TB, d Duplicates) {
 type Crash struct {
 	// Points are the crash points to test. Defaults to the transactional
 	// mode's four points.
-	Points []txhook.CrashPoint
+	Points []CrashPoint
 	// Reset prepares a clean state before each point (a fresh database, a
 	// new event key). Optional.
 	Reset func(t testing.TB)
@@ -142,7 +142,7 @@ type Crash struct {
 
 // RunCrashTest runs a subtest per crash point: it starts the application
 // with TXHOOK_CRASH_POINT set, delivers the event, and expects the process
-// to die at that point with txhook.CrashExitCode; it then starts the
+// to die at that point with CrashExitCode; it then starts the
 // application again without it, redelivers until acknowledged (as the
 // provider's retries would), delivers once more, and fails unless the
 // event's effects number exactly Want.
@@ -152,8 +152,8 @@ func RunCrashTest(t *testing.T, c Crash) {
 		t.Fatal("txhooktest: Crash needs Start, Deliver and Effects")
 	}
 	if len(c.Points) == 0 {
-		c.Points = []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashAfterHandler,
-			txhook.CrashBeforeCommit, txhook.CrashAfterCommit}
+		c.Points = []CrashPoint{CrashAfterInsert, CrashAfterHandler,
+			CrashBeforeCommit, CrashAfterCommit}
 	}
 	if c.Want == 0 {
 		c.Want = 1
@@ -166,13 +166,13 @@ func RunCrashTest(t *testing.T, c Crash) {
 	}
 }
 
-func runCrashPoint(t *testing.T, c Crash, p txhook.CrashPoint) {
+func runCrashPoint(t *testing.T, c Crash, p CrashPoint) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
 	if c.Reset != nil {
 		c.Reset(t)
 	}
-	first := wait(c.Start(t, []string{txhook.CrashPointEnv + "=" + string(p)}))
+	first := wait(c.Start(t, []string{CrashPointEnv + "=" + string(p)}))
 	t.Cleanup(first.stop)
 	if c.Ready != nil {
 		if err := c.Ready(ctx); err != nil {
@@ -185,8 +185,8 @@ func runCrashPoint(t *testing.T, c Crash, p txhook.CrashPoint) {
 	select {
 	case <-first.done:
 		var exitErr *exec.ExitError
-		if err := first.err; !errors.As(err, &exitErr) || exitErr.ExitCode() != txhook.CrashExitCode {
-			t.Fatalf("txhooktest: process ended with %v, want exit status %d at %s", err, txhook.CrashExitCode, p)
+		if err := first.err; !errors.As(err, &exitErr) || exitErr.ExitCode() != CrashExitCode {
+			t.Fatalf("txhooktest: process ended with %v, want exit status %d at %s", err, CrashExitCode, p)
 		}
 	case <-ctx.Done():
 		t.Fatalf("txhooktest: process did not die at %s", p)

@@ -65,14 +65,15 @@ func endpoint(pool *pgxpool.Pool) (http.Handler, *txhook.Processor, error) {
 
 // endpointWith is endpoint with h as the checkout handler.
 func endpointWith(pool *pgxpool.Pool, h txhook.HandlerFunc) (http.Handler, *txhook.Processor, error) {
-	proc, err := txhook.NewProcessor(pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "checkout.session.completed", h)
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		return nil, nil, err
 	}
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   "stripe",
 		Provider: &handler.Stripe{Secrets: []string{secret}},
-		Routes:   map[string]handler.Route{"checkout.session.completed": handler.Tx(h)},
 	})
 	return ep, proc, err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/localaddr"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // githubPushesDir is the github-pushes example, a module of its own (it
@@ -26,7 +27,7 @@ const githubSecret = "github_demo_secret"
 
 // githubCrashPoint is where the github-pushes process dies mid-job: the
 // push's handler has run, nothing of the job is committed.
-const githubCrashPoint = txhook.CrashInboxAfterHandler
+const githubCrashPoint = txhooktest.CrashInboxAfterHandler
 
 // appliedWait bounds how long the demo waits for a queued push to be
 // applied. A job whose process died is handed to another by River's
@@ -115,14 +116,14 @@ func (d *demo) githubChapter(ctx context.Context) error {
 	d.sayf("The demo restarts the example armed to die in the middle of a job (%s), and GitHub sends push %s once.",
 		githubCrashPoint, second.delivery)
 	srv.stop()
-	srv, err = d.startGitHub(ctx, addr, append(env, txhook.CrashPointEnv+"="+string(githubCrashPoint))...)
+	srv, err = d.startGitHub(ctx, addr, append(env, txhooktest.CrashPointEnv+"="+string(githubCrashPoint))...)
 	if err != nil {
 		return err
 	}
 	a = d.deliverPush(ctx, addr, second)
 	d.expect(a.Status == http.StatusAccepted && a.outcome() == "queued", "answered 202 queued: GitHub counts the delivery as a success and will not send it again")
 	code, err := srv.WaitExit(crashWait)
-	d.expect(err == nil && code == txhook.CrashExitCode, "the example's process died in the middle of the job (exit status %d)", code)
+	d.expect(err == nil && code == txhooktest.CrashExitCode, "the example's process died in the middle of the job (exit status %d)", code)
 	if err := d.expectPushes(ctx, second, 0); err != nil {
 		return err
 	}

@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/internal/localaddr"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // demo is one run of the story.
@@ -50,7 +50,7 @@ func (e event) body() []byte {
 
 // crashPoint is where both receivers are made to crash: the handler's
 // writes are done, nothing is committed.
-const crashPoint = txhook.CrashAfterHandler
+const crashPoint = txhooktest.CrashAfterHandler
 
 // crashWait bounds how long a crashing server may take to exit.
 const crashWait = 15 * time.Second
@@ -124,9 +124,9 @@ func (d *demo) stepCrash(ctx context.Context, srv *server, ev event, before int6
 	d.heading("Step 3. The server crashes during a delivery: Stripe's retry is processed exactly once.")
 	srv.stop()
 	d.sayf("Restarting stripe-orders with %s=%s: the process will exit the moment",
-		txhook.CrashPointEnv, crashPoint)
+		txhooktest.CrashPointEnv, crashPoint)
 	d.say("the handler's writes are done, before COMMIT (a real process exit, as in a crash).")
-	srv, err := d.start(ctx, srv.name, stripeOrdersPkg, srv.addr, txhook.CrashPointEnv+"="+string(crashPoint))
+	srv, err := d.start(ctx, srv.name, stripeOrdersPkg, srv.addr, txhooktest.CrashPointEnv+"="+string(crashPoint))
 	if err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 	if err != nil {
 		return err
 	}
-	naive, err := d.start(ctx, "naive receiver", naiveReceiverPkg, addr, txhook.CrashPointEnv+"="+string(crashPoint))
+	naive, err := d.start(ctx, "naive receiver", naiveReceiverPkg, addr, txhooktest.CrashPointEnv+"="+string(crashPoint))
 	if err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func (d *demo) expectCrash(s *server) {
 	if line := s.log.LastLineContaining("crash point"); line != "" {
 		d.sayf("  %s log: %s", s.name, line)
 	}
-	d.expect(code == txhook.CrashExitCode, "the %s process died at crash point %s (exit status %d)", s.name, crashPoint, code)
+	d.expect(code == txhooktest.CrashExitCode, "the %s process died at crash point %s (exit status %d)", s.name, crashPoint, code)
 }
 
 // expectApplied checks that ev's order exists once and that its customer's

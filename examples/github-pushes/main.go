@@ -265,16 +265,23 @@ func openDatabase(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 // started, with the redelivery sweeper's periodic job when cfg.Sweeper is
 // on), or, with cfg.Sync, before the answer (a nil inbox).
 func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, *inbox.Inbox, error) {
-	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true})
-	if err != nil {
-		return nil, nil, fmt.Errorf("new processor: %w", err)
-	}
 	apply := txhook.WithQueries(pushesdb.New, push)
 	if cfg.FailFirstTry != "" {
 		apply = failFirstTry(cfg.FailFirstTry, apply)
 	}
+	// The one route, registered once: applied by the inbox's job, or during
+	// the delivery with cfg.Sync.
+	routes := txhook.NewRoutes()
+	if cfg.Sync {
+		routes.Transactional("github", "push", apply)
+	} else {
+		routes.Inbox("github", "push", apply)
+	}
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("new processor: %w", err)
+	}
 	var ib *inbox.Inbox
-	route := handler.Route(handler.Tx(apply))
 	if !cfg.Sync {
 		rc := &river.Config{JobTimeout: cfg.JobTimeout, Logger: log}
 		if cfg.Sweeper.on() {
@@ -286,16 +293,14 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 				return nil, nil, err
 			}
 		}
-		ib, err = inbox.New(pool, proc, &inbox.Config{River: rc})
+		ib, err = inbox.New(pool, proc, &inbox.Config{River: rc}) // the processor's queue
 		if err != nil {
 			return nil, nil, err
 		}
-		route = ib.Tx("github", "push", apply)
 	}
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   "github",
 		Provider: &handler.GitHub{Secrets: cfg.WebhookSecret},
-		Routes:   map[string]handler.Route{"push": route},
 		Logger:   log,
 	})
 	if err != nil {

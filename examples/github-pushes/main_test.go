@@ -25,6 +25,7 @@ import (
 	"github.com/txhook/txhook/inbox"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // runMainEnv makes the test binary run the example's main instead of the
@@ -169,7 +170,7 @@ func (f *fixture) repo(t *testing.T) pushesdb.Repository {
 }
 
 // waitStatus waits up to 60s for the delivery's row to reach status.
-func (f *fixture) waitStatus(t *testing.T, delivery, status string) {
+func (f *fixture) waitStatus(t *testing.T, delivery string, status txhook.Status) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -306,7 +307,7 @@ func TestProcessCrashThenRedelivery(t *testing.T) {
 	}
 	body := pushBody(t, "eee555", 4)
 
-	cmd, stderr, addr := start(txhook.CrashPointEnv + "=" + string(txhook.CrashBeforeCommit))
+	cmd, stderr, addr := start(txhooktest.CrashPointEnv + "=" + string(txhooktest.CrashBeforeCommit))
 	f.url = "http://" + addr + "/webhooks/github"
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -325,8 +326,8 @@ func TestProcessCrashThenRedelivery(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the example did not exit at the crash point:\n%s", stderr)
 	}
-	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-		t.Fatalf("exit = %v, want status %d:\n%s", err, txhook.CrashExitCode, stderr)
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhooktest.CrashExitCode {
+		t.Fatalf("exit = %v, want status %d:\n%s", err, txhooktest.CrashExitCode, stderr)
 	}
 	if n := f.rows(t); n != 0 {
 		t.Fatalf("%d rows after a crash before COMMIT, want 0", n)
@@ -401,7 +402,7 @@ func TestInboxProcessKilledMidJob(t *testing.T) {
 		f.url = "http://" + addr + "/webhooks/github"
 		return cmd
 	}
-	cmd := start(txhook.CrashPointEnv + "=" + string(txhook.CrashInboxBeforeCommit))
+	cmd := start(txhooktest.CrashPointEnv + "=" + string(txhooktest.CrashInboxBeforeCommit))
 	s, o := f.deliver(t, "d-mid-job", "push", testSecret, pushBody(t, "fff666", 2))
 	want(t, s, o, 202, "queued")
 	exited := make(chan error, 1)
@@ -412,8 +413,8 @@ func TestInboxProcessKilledMidJob(t *testing.T) {
 		_ = cmd.Process.Kill()
 		t.Fatal("the process did not reach its crash point within 60s")
 	}
-	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhook.CrashExitCode {
-		t.Fatalf("exit = %v, want status %d", err, txhook.CrashExitCode)
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != txhooktest.CrashExitCode {
+		t.Fatalf("exit = %v, want status %d", err, txhooktest.CrashExitCode)
 	}
 	rec, err := txhook.GetEventRecord(t.Context(), tdb.Pool, "github", "d-mid-job")
 	if err != nil || rec.Status != txhook.StatusQueued {

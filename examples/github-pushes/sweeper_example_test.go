@@ -10,6 +10,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/examples/github-pushes/pushesdb"
 	"github.com/txhook/txhook/ghsweep"
 	"github.com/txhook/txhook/inbox"
 )
@@ -25,7 +26,9 @@ func Example_sweepAsRiverPeriodicJob() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	proc, err := txhook.NewProcessor(pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "push", txhook.WithQueries(pushesdb.New, push))
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -47,7 +50,7 @@ func Example_sweepAsRiverPeriodicJob() {
 	if err := ib.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// ... serve the endpoint (routes from ib.Tx) until shutdown, then:
+	// ... serve the endpoint (handler.New(proc, ...)) until shutdown, then:
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := ib.Stop(sctx); err != nil {

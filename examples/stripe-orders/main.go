@@ -78,12 +78,8 @@ func main() {
 func txhookCommands(getenv func(string) string) *cli.Config {
 	return &cli.Config{
 		Name: "stripe-orders txhook",
-		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
-			proc, err := newProcessor(pool)
-			if err != nil {
-				return nil, err
-			}
-			return newReplayer(pool, proc, routes(config{FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL"))}))
+		NewProcessor: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Processor, error) {
+			return newProcessor(pool, config{FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL"))})
 		},
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // Process tests run the example as a real process (the test binary, with
@@ -140,7 +141,7 @@ func deliverNoAnswer(t *testing.T, url string, body []byte) {
 
 func TestProcessCrashPointsThenRetry(t *testing.T) {
 	t.Parallel()
-	points := []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit}
+	points := []txhooktest.CrashPoint{txhooktest.CrashAfterInsert, txhooktest.CrashAfterHandler, txhooktest.CrashBeforeCommit, txhooktest.CrashAfterCommit}
 	for _, point := range points {
 		t.Run(string(point), func(t *testing.T) {
 			t.Parallel()
@@ -149,13 +150,13 @@ func TestProcessCrashPointsThenRetry(t *testing.T) {
 			env := []string{"DATABASE_URL=" + tdb.URL, "STRIPE_WEBHOOK_SECRET=" + testSecret, "ADDR=127.0.0.1:0"}
 			body := checkout(t, "evt_crash", "cs_crash", "cus_crash", 4200)
 
-			p := startProc(t, append(env, txhook.CrashPointEnv+"="+string(point))...)
+			p := startProc(t, append(env, txhooktest.CrashPointEnv+"="+string(point))...)
 			deliverNoAnswer(t, p.url(), body)
-			if code := p.waitExit(t); code != txhook.CrashExitCode {
-				t.Fatalf("exit code = %d, want %d:\n%s", code, txhook.CrashExitCode, p.stderr)
+			if code := p.waitExit(t); code != txhooktest.CrashExitCode {
+				t.Fatalf("exit code = %d, want %d:\n%s", code, txhooktest.CrashExitCode, p.stderr)
 			}
 			committed := f.count(t, "SELECT count(*) FROM orders")
-			if want := map[bool]int{true: 1, false: 0}[point == txhook.CrashAfterCommit]; committed != want {
+			if want := map[bool]int{true: 1, false: 0}[point == txhooktest.CrashAfterCommit]; committed != want {
 				t.Fatalf("orders after crash at %s = %d, want %d", point, committed, want)
 			}
 
@@ -164,7 +165,7 @@ func TestProcessCrashPointsThenRetry(t *testing.T) {
 			p = startProc(t, env...)
 			s, o := deliver(t, p.url(), testSecret, body)
 			want := "processed"
-			if point == txhook.CrashAfterCommit {
+			if point == txhooktest.CrashAfterCommit {
 				want = "duplicate"
 			}
 			wantAnswer(t, s, o, 200, want)
@@ -251,10 +252,10 @@ func TestProcessFulfillmentCrashAfterExternalCall(t *testing.T) {
 
 	// The process dies after the fulfillment service accepted the request,
 	// before the shipment row and the done mark commit.
-	p := startProc(t, append(env, txhook.CrashPointEnv+"="+string(txhook.CrashLeaseAfterExternal))...)
+	p := startProc(t, append(env, txhooktest.CrashPointEnv+"="+string(txhooktest.CrashLeaseAfterExternal))...)
 	deliverNoAnswer(t, p.url(), body)
-	if code := p.waitExit(t); code != txhook.CrashExitCode {
-		t.Fatalf("exit code = %d, want %d:\n%s", code, txhook.CrashExitCode, p.stderr)
+	if code := p.waitExit(t); code != txhooktest.CrashExitCode {
+		t.Fatalf("exit code = %d, want %d:\n%s", code, txhooktest.CrashExitCode, p.stderr)
 	}
 
 	// While the dead worker's lease runs, a retry is told to come back

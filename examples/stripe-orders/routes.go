@@ -22,17 +22,16 @@ const source = "stripe"
 // newHandler returns the example's HTTP handler: POST /webhooks/stripe,
 // verified with the endpoint's signing secret and applied through a txhook
 // processor on pool; and, when cfg.ConsolePassword is set, txhook's
-// operator console at /txhook/ behind HTTP basic auth (user admin).
+// operator console at /txhook/ behind HTTP basic auth (user admin), whose
+// Replay runs the same routes.
 func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, error) {
-	proc, err := newProcessor(pool)
+	proc, err := newProcessor(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
-	rs := routes(cfg)
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   source,
 		Provider: &handler.Stripe{Secrets: splitSecrets(cfg.WebhookSecret)},
-		Routes:   rs, // any other type is acknowledged, nothing written
 		Logger:   log,
 	})
 	if err != nil {
@@ -41,73 +40,53 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/stripe", ep)
 	if cfg.ConsolePassword != "" {
-		replayer, err := newReplayer(pool, proc, rs)
-		if err != nil {
-			return nil, err
-		}
-		console := admin.New(pool, &admin.Config{
+		console, err := admin.New(pool, &admin.Config{
 			AllowWrites: true,
-			Replayer:    replayer,
+			Processor:   proc,
 			User:        func(r *http.Request) string { u, _, _ := r.BasicAuth(); return u },
 			Logger:      log,
 		})
+		if err != nil {
+			return nil, fmt.Errorf("new console: %w", err)
+		}
 		mux.Handle("/txhook/", http.StripPrefix("/txhook", basicAuth(consoleUser, cfg.ConsolePassword, console)))
 	}
 	return mux, nil
 }
 
-// newProcessor returns the example's txhook processor on pool.
-func newProcessor(pool *pgxpool.Pool) (*txhook.Processor, error) {
+// newProcessor returns the example's txhook processor on pool, with its
+// routes.
+func newProcessor(pool *pgxpool.Pool, cfg config) (*txhook.Processor, error) {
 	// StorePayload keeps each event's body, so that an event recorded as
 	// failed can be replayed by an operator. The handlers only decode, check
 	// and write through their transaction, so the dedupe step can travel
 	// with their first statement (DedupeWithFirstStatement): one round trip
 	// fewer per event. With the write checkout.session.completed defers to
 	// COMMIT, one of those events costs two round trips.
-	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true, DedupeWithFirstStatement: true})
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{
+		Routes:                   routes(cfg),
+		StorePayload:             true,
+		DedupeWithFirstStatement: true,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("new processor: %w", err)
 	}
 	return proc, nil
 }
 
-// routes returns the example's handlers by event type.
-func routes(cfg config) map[string]handler.Route {
-	rs := map[string]handler.Route{
-		"checkout.session.completed": handler.Tx(checkoutSessionCompleted),
-		"invoice.created":            handler.Tx(txhook.WithQueries(ordersdb.New, invoiceCreated)),
-		"invoice.paid":               handler.Tx(txhook.WithQueries(ordersdb.New, invoicePaid)),
-	}
+// routes returns the example's handlers, registered once by source and
+// event type: every delivery, replay and console action finds them here.
+// Any other type is acknowledged, nothing written.
+func routes(cfg config) *txhook.Routes {
+	rs := txhook.NewRoutes()
+	rs.Transactional(source, "checkout.session.completed", checkoutSessionCompleted)
+	rs.Transactional(source, "invoice.created", txhook.WithQueries(ordersdb.New, invoiceCreated))
+	rs.Transactional(source, "invoice.paid", txhook.WithQueries(ordersdb.New, invoicePaid))
 	if cfg.FulfillmentURL != "" {
 		f := newFulfillment(cfg.FulfillmentURL)
-		rs["payment_intent.succeeded"] = handler.Lease(f.leaseHandler())
+		rs.Lease(source, "payment_intent.succeeded", f.leaseHandler())
 	}
 	return rs
-}
-
-// newReplayer returns a Replayer that runs failed events again through the
-// same handlers as a delivery, for the console and "stripe-orders txhook
-// replay".
-func newReplayer(pool *pgxpool.Pool, proc *txhook.Processor, rs map[string]handler.Route) (*txhook.Replayer, error) {
-	txLookup := func(typ string) (txhook.HandlerFunc, bool) {
-		r, ok := rs[typ].(*handler.TxRoute)
-		if !ok {
-			return nil, false
-		}
-		return r.Handler, true
-	}
-	leaseLookup := func(typ string) (txhook.LeaseHandler, bool) {
-		r, ok := rs[typ].(*handler.LeaseRoute)
-		if !ok {
-			return txhook.LeaseHandler{}, false
-		}
-		return r.Handler, true
-	}
-	r, err := txhook.NewReplayer(pool, txLookup, &txhook.ReplayerConfig{LeaseLookup: leaseLookup, Processor: proc})
-	if err != nil {
-		return nil, fmt.Errorf("new replayer: %w", err)
-	}
-	return r, nil
 }
 
 // consoleUser is the console's basic auth user name.

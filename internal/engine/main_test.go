@@ -326,12 +326,12 @@ func pgCode(err error) string {
 	return ""
 }
 
-// runTx runs body in a new transaction on db, as the root's RunTx does.
+// runTx runs body in a new transaction on db, as the root's Run does.
 func runTx(ctx context.Context, db engine.Beginner, body func(ctx context.Context, tx pgx.Tx) error) error {
 	return engine.Run(ctx, engine.Begin(db), opts, engine.Spec{Body: body})
 }
 
-// runNested runs body under a savepoint of tx, as the root's RunNestedTx
+// runNested runs body under a savepoint of tx, as the root's RunTx
 // does.
 func runNested(ctx context.Context, tx pgx.Tx, body func(ctx context.Context, tx pgx.Tx) error) error {
 	return engine.Run(ctx, engine.Savepoint(tx), opts, engine.Spec{Body: body})

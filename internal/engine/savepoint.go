@@ -9,7 +9,7 @@ import (
 )
 
 // savepointTx is a savepoint in the caller's transaction (ProcessTx,
-// RunNestedTx), or in an engine transaction (a body's tx.Begin). SAVEPOINT
+// RunTx), or in an engine transaction (a body's tx.Begin). SAVEPOINT
 // is a round trip of its own, before the first batch, so that nothing in
 // that batch can fail before the savepoint exists; RELEASE SAVEPOINT
 // travels with the deferred statements.

@@ -100,7 +100,26 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_pushes (delivery_id text PRIMARY KEY, body_size integer NOT NULL)`); err != nil {
 		return fail(fmt.Errorf("create bench_pushes: %w", err))
 	}
-	proc, err := txhook.NewProcessor(pool, nil)
+	// A processor per row: each has its own route for pushes (inbox mode,
+	// or transactional for the sync row) and an inbox its own queue.
+	newProc := func(inboxMode bool) (*txhook.Processor, error) {
+		routes := txhook.NewRoutes()
+		if inboxMode {
+			routes.Inbox("github", "push", benchPush)
+		} else {
+			routes.Transactional("github", "push", benchPush)
+		}
+		return txhook.NewProcessor(pool, &txhook.Config{Routes: routes})
+	}
+	acceptProc, err := newProc(true)
+	if err != nil {
+		return fail(err)
+	}
+	syncProc, err := newProc(false)
+	if err != nil {
+		return fail(err)
+	}
+	e2eProc, err := newProc(true)
 	if err != nil {
 		return fail(err)
 	}
@@ -111,8 +130,7 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	// queue's producers, and PostgreSQL commits notifying transactions one
 	// at a time.
 	acceptCfg := &river.Config{Logger: quiet}
-	acceptOnly, err := inbox.New(pool, proc, &inbox.Config{River: acceptCfg, Queue: "bench_accept_only"})
-	if err != nil {
+	if _, err := inbox.New(pool, acceptProc, &inbox.Config{River: acceptCfg, Queue: "bench_accept_only"}); err != nil {
 		return fail(err)
 	}
 	// The rows with workers: River's shortest FetchCooldown, so that a job
@@ -139,7 +157,7 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 				})},
 		}
 	}
-	b.running, err = inbox.New(pool, proc, &inbox.Config{River: workersConfig(inbox.QueueName)})
+	b.running, err = inbox.New(pool, e2eProc, &inbox.Config{River: workersConfig(inbox.QueueName)})
 	if err != nil {
 		return fail(err)
 	}
@@ -148,24 +166,23 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if b.empty, err = river.NewClient(riverpgxv5.New(pool), emptyCfg); err != nil {
 		return fail(fmt.Errorf("new river client: %w", err))
 	}
-	endpoint := func(r handler.Route) (*httptest.Server, error) {
+	endpoint := func(proc *txhook.Processor) (*httptest.Server, error) {
 		ep, err := handler.New(proc, &handler.Config{
 			Source: "github", Provider: &handler.GitHub{Secrets: []string{b.secret}},
-			Routes: map[string]handler.Route{"push": r}, Logger: quiet,
-			ReplayGuard: handler.ReplayGuardOff,
+			Logger: quiet, ReplayGuard: handler.ReplayGuardOff,
 		})
 		if err != nil {
 			return nil, err
 		}
 		return httptest.NewServer(ep), nil
 	}
-	if b.accept, err = endpoint(acceptOnly.Tx("github", "push", benchPush)); err != nil {
+	if b.accept, err = endpoint(acceptProc); err != nil {
 		return fail(err)
 	}
-	if b.sync, err = endpoint(handler.Tx(benchPush)); err != nil {
+	if b.sync, err = endpoint(syncProc); err != nil {
 		return fail(err)
 	}
-	if b.e2e, err = endpoint(b.running.Tx("github", "push", benchPush)); err != nil {
+	if b.e2e, err = endpoint(e2eProc); err != nil {
 		return fail(err)
 	}
 	return b, nil

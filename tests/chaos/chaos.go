@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/txhooktest"
 
 	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/localaddr"
@@ -49,7 +49,7 @@ type config struct {
 	// CrashRate is the share of restarts that arm a TXHOOK_CRASH_POINT.
 	CrashRate float64
 	// CrashPoints are the points armed on those restarts.
-	CrashPoints []txhook.CrashPoint
+	CrashPoints []txhooktest.CrashPoint
 	// CrashLimit bounds the restarts with a crash point armed, per
 	// receiver; 0 means no bound.
 	CrashLimit int
@@ -74,9 +74,9 @@ type config struct {
 }
 
 // allCrashPoints are txhook's crash points in both modes.
-var allCrashPoints = []txhook.CrashPoint{
-	txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit,
-	txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal, txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit,
+var allCrashPoints = []txhooktest.CrashPoint{
+	txhooktest.CrashAfterInsert, txhooktest.CrashAfterHandler, txhooktest.CrashBeforeCommit, txhooktest.CrashAfterCommit,
+	txhooktest.CrashLeaseAfterClaim, txhooktest.CrashLeaseAfterExternal, txhooktest.CrashLeaseBeforeCommit, txhooktest.CrashLeaseAfterCommit,
 }
 
 // result is what a run did and found.
@@ -138,8 +138,8 @@ func run(ctx context.Context, cfg config) (result, error) {
 		// It handles checkouts only, always with a customer, and has no
 		// lease mode.
 		cfg.LeaseRate, cfg.InvoiceRate, cfg.GuestRate, cfg.Fulfillment = 0, 0, 0, false
-		cfg.CrashPoints = slices.DeleteFunc(slices.Clone(cfg.CrashPoints), func(p txhook.CrashPoint) bool {
-			return p != txhook.CrashAfterInsert && p != txhook.CrashAfterHandler // the ones it honours
+		cfg.CrashPoints = slices.DeleteFunc(slices.Clone(cfg.CrashPoints), func(p txhooktest.CrashPoint) bool {
+			return p != txhooktest.CrashAfterInsert && p != txhooktest.CrashAfterHandler // the ones it honours
 		})
 	}
 	logf("building %s", pkg)
@@ -394,7 +394,7 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			(s.cfg.CrashLimit == 0 || s.armed < s.cfg.CrashLimit) {
 			point = string(s.cfg.CrashPoints[s.rng.IntN(len(s.cfg.CrashPoints))])
 			s.armed++
-			logf("%srestart %d with %s=%s", s.name, s.starts, txhook.CrashPointEnv, point)
+			logf("%srestart %d with %s=%s", s.name, s.starts, txhooktest.CrashPointEnv, point)
 		}
 		p, err := s.l.start(ctx, point)
 		if err != nil {
@@ -419,7 +419,7 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			s.kills++
 			s.restarting.Store(true)
 		case <-p.Done():
-			if p.ExitCode() == txhook.CrashExitCode {
+			if p.ExitCode() == txhooktest.CrashExitCode {
 				s.crashExits++
 			} else {
 				s.otherExits++

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txhook/txhook"
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -35,7 +35,7 @@ func TestChaosShort(t *testing.T) {
 	cfg.Kills = 5
 	cfg.Customers = 10
 	cfg.LeaseRate = 0.05
-	cfg.CrashPoints = []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit}
+	cfg.CrashPoints = []txhooktest.CrashPoint{txhooktest.CrashAfterInsert, txhooktest.CrashAfterHandler, txhooktest.CrashBeforeCommit, txhooktest.CrashAfterCommit}
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
@@ -94,7 +94,7 @@ func TestChaosShortReceivers(t *testing.T) {
 	cfg.Kills = 9
 	cfg.Customers = 10
 	cfg.Fulfillment, cfg.LeaseRate = false, 0
-	cfg.CrashPoints = []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit}
+	cfg.CrashPoints = []txhooktest.CrashPoint{txhooktest.CrashAfterInsert, txhooktest.CrashAfterHandler, txhooktest.CrashBeforeCommit, txhooktest.CrashAfterCommit}
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
@@ -182,7 +182,7 @@ func TestChaosCatchesNaiveDedupe(t *testing.T) {
 	cfg.Customers = 10
 	cfg.CrashRate = 1
 	cfg.CrashLimit = 4
-	cfg.CrashPoints = []txhook.CrashPoint{txhook.CrashAfterInsert}
+	cfg.CrashPoints = []txhooktest.CrashPoint{txhooktest.CrashAfterInsert}
 	cfg.Timeout = 2 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf

@@ -4,8 +4,8 @@ import (
 	"context"
 	"slices"
 
-	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/internal/childproc"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // The receivers a chaos run can drive, built once and run as child
@@ -30,7 +30,7 @@ type launcher struct {
 func (l *launcher) start(ctx context.Context, crashPoint string) (*childproc.Process, error) {
 	env := append(slices.Clone(l.env), "ADDR="+l.addr)
 	if crashPoint != "" {
-		env = append(env, txhook.CrashPointEnv+"="+crashPoint)
+		env = append(env, txhooktest.CrashPointEnv+"="+crashPoint)
 	}
 	return childproc.Start(ctx, childproc.Spec{
 		Name:   "example",

@@ -44,7 +44,7 @@ func BenchmarkPagesMillionRows(b *testing.B) {
 	}
 	b.Logf("seeded 1,000,000 rows in %v", time.Since(start).Round(time.Millisecond))
 
-	srv := httptest.NewServer(http.StripPrefix("/txhook", admin.New(d.Pool, &admin.Config{AllowWrites: true})))
+	srv := httptest.NewServer(http.StripPrefix("/txhook", newConsole(b, d.Pool, &admin.Config{AllowWrites: true})))
 	b.Cleanup(srv.Close)
 	deep := url.Values{"before_at": {time.Now().Add(-25 * 24 * time.Hour).UTC().Format(time.RFC3339Nano)}, "before_source": {"stripe"}, "before_key": {"evt_"}}
 	pages := []struct{ name, path string }{
@@ -82,7 +82,7 @@ func BenchmarkPagesMillionRows(b *testing.B) {
 func BenchmarkLargePayload(b *testing.B) {
 	d := testdb.New(b)
 	storeLargePayload(b, d.Pool)
-	srv := httptest.NewServer(http.StripPrefix("/txhook", admin.New(d.Pool, nil)))
+	srv := httptest.NewServer(http.StripPrefix("/txhook", newConsole(b, d.Pool, nil)))
 	b.Cleanup(srv.Close)
 	for _, p := range []struct{ name, path string }{
 		{"event-page", "/txhook/event?source=github&key=big-1"},

@@ -51,7 +51,7 @@ type console struct {
 }
 
 // setup seeds a database and serves a console configured by cfg (its
-// Replayer and Logger are filled in).
+// Processor, with the replay's route, and Logger are filled in).
 func setup(t *testing.T, cfg admin.Config) *console {
 	t.Helper()
 	d := testdb.New(t)
@@ -64,36 +64,32 @@ func setup(t *testing.T, cfg admin.Config) *console {
 	if _, err := txhook.Prune(ctx, d.Pool, txhook.PruneOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	handlers := map[string]txhook.HandlerFunc{
-		"invoice.paid": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-			var p struct {
-				Amount int64 `json:"amount"`
-			}
-			if err := json.Unmarshal(ev.Payload, &p); err != nil {
-				return txhook.Permanent(err)
-			}
-			if p.Amount < 0 {
-				return txhook.Permanent(fmt.Errorf("negative amount %d", p.Amount))
-			}
-			// Not idempotent on its own: only the replay's exactly-once rule
-			// keeps the ledger right.
-			_, err := tx.Exec(ctx, "INSERT INTO ledger (event_key, amount) VALUES ($1, $2)", ev.Key, p.Amount)
-			return err
-		},
-	}
-	replayer, err := txhook.NewReplayer(d.Pool, func(typ string) (txhook.HandlerFunc, bool) {
-		h, ok := handlers[typ]
-		return h, ok
-	}, nil)
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		var p struct {
+			Amount int64 `json:"amount"`
+		}
+		if err := json.Unmarshal(ev.Payload, &p); err != nil {
+			return txhook.Permanent(err)
+		}
+		if p.Amount < 0 {
+			return txhook.Permanent(fmt.Errorf("negative amount %d", p.Amount))
+		}
+		// Not idempotent on its own: only the replay's exactly-once rule
+		// keeps the ledger right.
+		_, err := tx.Exec(ctx, "INSERT INTO ledger (event_key, amount) VALUES ($1, $2)", ev.Key, p.Amount)
+		return err
+	})
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Replayer = replayer
+	cfg.Processor = proc
 	logs := &logBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	cfg.User = func(r *http.Request) string { return r.Header.Get("X-Test-User") }
 	mux := http.NewServeMux()
-	mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(d.Pool, &cfg)))
+	mux.Handle("/txhook/", http.StripPrefix("/txhook", newConsole(t, d.Pool, &cfg)))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &console{pool: d.Pool, url: srv.URL, logs: logs}
@@ -611,7 +607,7 @@ func TestSharedCSRFKeyAcrossInstances(t *testing.T) {
 	c := setup(t, admin.Config{AllowWrites: true, CSRFKey: key})
 	instance := func(cfg *admin.Config) string {
 		mux := http.NewServeMux()
-		mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(c.pool, cfg)))
+		mux.Handle("/txhook/", http.StripPrefix("/txhook", newConsole(t, c.pool, cfg)))
 		srv := httptest.NewServer(mux)
 		t.Cleanup(srv.Close)
 		return srv.URL
@@ -650,22 +646,18 @@ func TestReplayInFlightMessage(t *testing.T) {
 		WHERE status = 'failed' AND payload IS NOT NULL ORDER BY event_key LIMIT 1`).Scan(&source, &key); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := txhook.NewProcessor(c.pool, &txhook.Config{LockTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ran := false
-	lease := txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
+	routes := txhook.NewRoutes()
+	routes.Lease(source, "", txhook.LeaseHandler{Work: func(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) {
 		ran = true
 		return nil, nil
-	}}
-	replayer, err := txhook.NewReplayer(c.pool, func(string) (txhook.HandlerFunc, bool) { return nil, false },
-		&txhook.ReplayerConfig{Processor: proc, LeaseLookup: func(string) (txhook.LeaseHandler, bool) { return lease, true }})
+	}})
+	proc, err := txhook.NewProcessor(c.pool, &txhook.Config{Routes: routes, LockTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(c.pool, &admin.Config{AllowWrites: true, Replayer: replayer})))
+	mux.Handle("/txhook/", http.StripPrefix("/txhook", newConsole(t, c.pool, &admin.Config{AllowWrites: true, Processor: proc})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
@@ -687,4 +679,14 @@ func TestReplayInFlightMessage(t *testing.T) {
 	if ran {
 		t.Error("the handler ran while another held the event")
 	}
+}
+
+// newConsole is admin.New, failing t on an error.
+func newConsole(t testing.TB, db txhook.Querier, cfg *admin.Config) http.Handler {
+	t.Helper()
+	h, err := admin.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

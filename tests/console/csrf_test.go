@@ -54,7 +54,7 @@ func TestCSRFCookieOverTLS(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
 	c := setup(t, admin.Config{AllowWrites: true, CSRFKey: key})
 	mux := http.NewServeMux()
-	mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(c.pool, &admin.Config{AllowWrites: true, CSRFKey: key})))
+	mux.Handle("/txhook/", http.StripPrefix("/txhook", newConsole(t, c.pool, &admin.Config{AllowWrites: true, CSRFKey: key})))
 	srv := httptest.NewTLSServer(mux)
 	t.Cleanup(srv.Close)
 

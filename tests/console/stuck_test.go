@@ -50,33 +50,29 @@ var withRiver = testdb.Template{
 func TestQueuedAndStuckEvents(t *testing.T) {
 	d := testdb.New(t, withRiver)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Logger: quiet})
+	routes := txhook.NewRoutes()
+	routes.Inbox("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		_, err := tx.Exec(ctx, "INSERT INTO ledger (event_key, amount) VALUES ($1, 1)", ev.Key)
+		return err
+	})
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Never started: its jobs stay available, live.
-	ib, err := inbox.New(d.Pool, proc, &inbox.Config{River: &river.Config{Logger: quiet}})
-	if err != nil {
+	if _, err := inbox.New(d.Pool, proc, &inbox.Config{River: &river.Config{Logger: quiet}}); err != nil {
 		t.Fatal(err)
 	}
-	ib.Tx("github", "push", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-		_, err := tx.Exec(ctx, "INSERT INTO ledger (event_key, amount) VALUES ($1, 1)", ev.Key)
-		return err
-	})
 	for _, key := range []string{"live-1", "stuck-1"} {
-		if _, err := ib.Accept(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push", Payload: []byte(`{}`)}, false); err != nil {
+		if _, err := proc.Deliver(t.Context(), txhook.Event{Source: "github", Key: key, Type: "push", Payload: []byte(`{}`)}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if _, err := d.Pool.Exec(t.Context(), `DELETE FROM river_job WHERE id = (SELECT job_id FROM txhook_processed_events WHERE event_key = 'stuck-1')`); err != nil {
 		t.Fatal(err)
 	}
-	replayer, err := txhook.NewReplayer(d.Pool, ib.HandlerLookup("github"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	mux := http.NewServeMux()
-	mux.Handle("/txhook/", http.StripPrefix("/txhook", admin.New(d.Pool, &admin.Config{AllowWrites: true, Replayer: replayer, Logger: quiet})))
+	mux.Handle("/txhook/", http.StripPrefix("/txhook", newConsole(t, d.Pool, &admin.Config{AllowWrites: true, Processor: proc, Logger: quiet})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	c := &console{pool: d.Pool, url: srv.URL}

@@ -22,6 +22,7 @@ import (
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // childEnv selects the child mode of this test binary.
@@ -123,9 +124,9 @@ func (w onlyBegins) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error
 // naive is the dedupe most receivers copy: commit the key, then do the work
 // in a second transaction. It honours the same crash points.
 func naive(ctx context.Context, pool *pgxpool.Pool, ev txhook.Event) (string, error) {
-	crashAt := func(p txhook.CrashPoint) {
-		if os.Getenv(txhook.CrashPointEnv) == string(p) {
-			os.Exit(txhook.CrashExitCode)
+	crashAt := func(p txhooktest.CrashPoint) {
+		if os.Getenv(txhooktest.CrashPointEnv) == string(p) {
+			os.Exit(txhooktest.CrashExitCode)
 		}
 	}
 	tag, err := pool.Exec(ctx, "INSERT INTO naive_processed_events VALUES ($1) ON CONFLICT DO NOTHING", ev.Key)
@@ -135,28 +136,28 @@ func naive(ctx context.Context, pool *pgxpool.Pool, ev txhook.Event) (string, er
 	if tag.RowsAffected() == 0 {
 		return "duplicate", nil
 	}
-	crashAt(txhook.CrashAfterInsert)
+	crashAt(txhooktest.CrashAfterInsert)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := apply(ctx, tx, ev); err != nil {
 			return err
 		}
-		crashAt(txhook.CrashAfterHandler)
-		crashAt(txhook.CrashBeforeCommit)
+		crashAt(txhooktest.CrashAfterHandler)
+		crashAt(txhooktest.CrashBeforeCommit)
 		return nil
 	})
 	if err != nil {
 		return "", err
 	}
-	crashAt(txhook.CrashAfterCommit)
+	crashAt(txhooktest.CrashAfterCommit)
 	return "processed", nil
 }
 
 // run starts this test binary in child mode and returns its exit code and
 // standard output.
-func run(t *testing.T, dbURL, mode string, crashPoint txhook.CrashPoint) (int, string) {
+func run(t *testing.T, dbURL, mode string, crashPoint txhooktest.CrashPoint) (int, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+mode, "DATABASE_URL="+dbURL, txhook.CrashPointEnv+"="+string(crashPoint))
+	cmd.Env = append(os.Environ(), childEnv+"="+mode, "DATABASE_URL="+dbURL, txhooktest.CrashPointEnv+"="+string(crashPoint))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -165,7 +166,7 @@ func run(t *testing.T, dbURL, mode string, crashPoint txhook.CrashPoint) (int, s
 	case err == nil:
 		return 0, strings.TrimSpace(stdout.String())
 	case errors.As(err, &exitErr):
-		if exitErr.ExitCode() != txhook.CrashExitCode {
+		if exitErr.ExitCode() != txhooktest.CrashExitCode {
 			t.Logf("child stderr: %s", stderr.String())
 		}
 		return exitErr.ExitCode(), strings.TrimSpace(stdout.String())
@@ -188,11 +189,11 @@ func readState(t *testing.T, pool *pgxpool.Pool) state {
 	return s
 }
 
-var crashPoints = []txhook.CrashPoint{
-	txhook.CrashAfterInsert,
-	txhook.CrashAfterHandler,
-	txhook.CrashBeforeCommit,
-	txhook.CrashAfterCommit,
+var crashPoints = []txhooktest.CrashPoint{
+	txhooktest.CrashAfterInsert,
+	txhooktest.CrashAfterHandler,
+	txhooktest.CrashBeforeCommit,
+	txhooktest.CrashAfterCommit,
 }
 
 func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
@@ -213,8 +214,8 @@ func crashThenRedeliver(t *testing.T, mode string) {
 			if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
 				t.Fatal(err)
 			}
-			if code, _ := run(t, d.URL, mode, cp); code != txhook.CrashExitCode {
-				t.Fatalf("first delivery exited %d, want the crash exit %d", code, txhook.CrashExitCode)
+			if code, _ := run(t, d.URL, mode, cp); code != txhooktest.CrashExitCode {
+				t.Fatalf("first delivery exited %d, want the crash exit %d", code, txhooktest.CrashExitCode)
 			}
 			// Restarted without the crash point, the provider redelivers.
 			code, out := run(t, d.URL, mode, "")
@@ -222,7 +223,7 @@ func crashThenRedeliver(t *testing.T, mode string) {
 				t.Fatalf("redelivery exited %d", code)
 			}
 			want := "processed"
-			if cp == txhook.CrashAfterCommit {
+			if cp == txhooktest.CrashAfterCommit {
 				want = "duplicate" // it committed before the process died
 			}
 			if out != want {
@@ -245,14 +246,14 @@ func crashThenRedeliver(t *testing.T, mode string) {
 // one.
 func TestNaiveDedupeLosesEventOnCrash(t *testing.T) {
 	t.Parallel()
-	for _, cp := range []txhook.CrashPoint{txhook.CrashAfterInsert, txhook.CrashBeforeCommit} {
+	for _, cp := range []txhooktest.CrashPoint{txhooktest.CrashAfterInsert, txhooktest.CrashBeforeCommit} {
 		t.Run(string(cp), func(t *testing.T) {
 			t.Parallel()
 			d := testdb.New(t)
 			if _, err := d.Pool.Exec(t.Context(), schema); err != nil {
 				t.Fatal(err)
 			}
-			if code, _ := run(t, d.URL, "naive", cp); code != txhook.CrashExitCode {
+			if code, _ := run(t, d.URL, "naive", cp); code != txhooktest.CrashExitCode {
 				t.Fatalf("first delivery exited %d, want the crash exit", code)
 			}
 			code, out := run(t, d.URL, "naive", "")

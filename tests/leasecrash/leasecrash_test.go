@@ -30,6 +30,7 @@ import (
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/db"
 	"github.com/txhook/txhook/internal/testdb"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // Environment of the child mode of this test binary.
@@ -140,17 +141,17 @@ func (a *externalAPI) calls() []string {
 }
 
 // childCmd returns the command running a child; crashAt arms a crash point.
-func childCmd(t *testing.T, dbURL, apiURL string, crashAt txhook.CrashPoint) *exec.Cmd {
+func childCmd(t *testing.T, dbURL, apiURL string, crashAt txhooktest.CrashPoint) *exec.Cmd {
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1", dbEnv+"="+dbURL, apiEnv+"="+apiURL,
-		txhook.CrashPointEnv+"="+string(crashAt))
+		txhooktest.CrashPointEnv+"="+string(crashAt))
 	return cmd
 }
 
 // run runs a child; crashAt arms a crash point. It returns the child's
 // printed outcome, or its exit code when it did not exit 0.
-func run(t *testing.T, dbURL, apiURL string, crashAt txhook.CrashPoint) (outcome string, code int) {
+func run(t *testing.T, dbURL, apiURL string, crashAt txhooktest.CrashPoint) (outcome string, code int) {
 	t.Helper()
 	cmd := childCmd(t, dbURL, apiURL, crashAt)
 	var stdout, stderr bytes.Buffer
@@ -169,17 +170,17 @@ func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	wantKey := txhook.IdempotencyKey(testEvent.Source, testEvent.Key, "charge")
 	for _, tc := range []struct {
-		point txhook.CrashPoint
+		point txhooktest.CrashPoint
 		// committed: the crash came after COMMIT, so the redelivery is a
 		// duplicate of the dead worker's completed event.
 		committed bool
 		// calls made to the external API by the time the event is done.
 		calls int
 	}{
-		{txhook.CrashLeaseAfterClaim, false, 1},
-		{txhook.CrashLeaseAfterExternal, false, 2},
-		{txhook.CrashLeaseBeforeCommit, false, 2},
-		{txhook.CrashLeaseAfterCommit, true, 1},
+		{txhooktest.CrashLeaseAfterClaim, false, 1},
+		{txhooktest.CrashLeaseAfterExternal, false, 2},
+		{txhooktest.CrashLeaseBeforeCommit, false, 2},
+		{txhooktest.CrashLeaseAfterCommit, true, 1},
 	} {
 		t.Run(string(tc.point), func(t *testing.T) {
 			t.Parallel()
@@ -190,8 +191,8 @@ func TestCrashThenRedeliveryAppliesOnce(t *testing.T) {
 			api := newExternalAPI(t)
 
 			crashStart := time.Now()
-			if out, code := run(t, d.URL, api.srv.URL, tc.point); code != txhook.CrashExitCode {
-				t.Fatalf("crashing child: outcome %q, exit %d; want exit %d", out, code, txhook.CrashExitCode)
+			if out, code := run(t, d.URL, api.srv.URL, tc.point); code != txhooktest.CrashExitCode {
+				t.Fatalf("crashing child: outcome %q, exit %d; want exit %d", out, code, txhooktest.CrashExitCode)
 			}
 			row := getRow(t, d.Pool)
 			wantStatus := "in_progress"

@@ -126,7 +126,12 @@ func TestStripeGoPayloadThroughEndpoint(t *testing.T) {
 	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE paid (event_key text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := txhook.NewProcessor(d.Pool, nil)
+	routes := txhook.NewRoutes()
+	routes.Transactional("stripe", "invoice.paid", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO paid (event_key) VALUES ($1)`, ev.Key)
+		return err
+	})
+	proc, err := txhook.NewProcessor(d.Pool, &txhook.Config{Routes: routes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,12 +139,6 @@ func TestStripeGoPayloadThroughEndpoint(t *testing.T) {
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   "stripe",
 		Provider: &handler.Stripe{Secrets: []string{secret}},
-		Routes: map[string]handler.Route{
-			"invoice.paid": handler.Tx(func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-				_, err := tx.Exec(ctx, `INSERT INTO paid (event_key) VALUES ($1)`, ev.Key)
-				return err
-			}),
-		},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -33,10 +33,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/txhook/txhook"
 	ordersmigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/txhooktest"
 )
 
 // createTable is the naive dedupe's table.
@@ -77,7 +77,7 @@ func run(ctx context.Context) error {
 	r := &receiver{
 		pool:   pool,
 		stripe: &handler.Stripe{Secrets: []string{secret}},
-		crash:  txhook.CrashPoint(os.Getenv(txhook.CrashPointEnv)),
+		crash:  txhooktest.CrashPoint(os.Getenv(txhooktest.CrashPointEnv)),
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/stripe", r)
@@ -108,7 +108,7 @@ func run(ctx context.Context) error {
 type receiver struct {
 	pool   *pgxpool.Pool
 	stripe *handler.Stripe
-	crash  txhook.CrashPoint
+	crash  txhooktest.CrashPoint
 }
 
 func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -149,7 +149,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, "already processed")
 		return
 	}
-	rc.crashAt(txhook.CrashAfterInsert)
+	rc.crashAt(txhooktest.CrashAfterInsert)
 
 	if ev.Type == "checkout.session.completed" {
 		o := ev.Data.Object
@@ -165,7 +165,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if err := q.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{ID: o.Customer, Amount: o.AmountTotal}); err != nil {
 				return err
 			}
-			rc.crashAt(txhook.CrashAfterHandler)
+			rc.crashAt(txhooktest.CrashAfterHandler)
 			return nil
 		})
 		if err != nil {
@@ -177,10 +177,10 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, "processed")
 }
 
-func (rc *receiver) crashAt(p txhook.CrashPoint) {
+func (rc *receiver) crashAt(p txhooktest.CrashPoint) {
 	if rc.crash == p {
 		fmt.Fprintf(os.Stderr, "naivereceiver: crash point %q reached, exiting\n", p)
-		os.Exit(txhook.CrashExitCode)
+		os.Exit(txhooktest.CrashExitCode)
 	}
 }
 
