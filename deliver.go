@@ -12,19 +12,19 @@ import (
 
 // OutcomeIgnored: no route is registered for the event's source and type
 // (nor a fallback for its source); no handler ran and nothing was written,
-// unless a replay guard recorded the delivery's key and body hash
+// unless a body dedupe recorded the delivery's key and body hash
 // (DeliverOptions.Guard). The sender may be acknowledged.
 const OutcomeIgnored = OutcomeQueued + 1
 
 // DeliverOptions configures one call of Deliver. The zero value (or nil)
 // gives the defaults.
 type DeliverOptions struct {
-	// Guard, if set, checks the delivery for a signed body delivered before
-	// under another key (see ReplayGuard), inside the transaction or claim
+	// BodyDedupe, if set, refuses a signed body received before under
+	// another key (see BodyDedupe), checked inside the transaction or claim
 	// that records the event; a delivery without a route is then recorded
 	// too (its key and body hash, as done), so that its body cannot pass
 	// later under a routed type. Defaults to nil: no check.
-	Guard *ReplayGuard
+	BodyDedupe *BodyDedupe
 	// Ignore says that the delivery carries no event to apply, whatever
 	// routes are registered (a provider's connectivity check, such as
 	// GitHub's ping): it is answered OutcomeIgnored, and recorded when
@@ -84,7 +84,7 @@ func (p *Processor) HasRoutes(source string) bool { return p.routes.hasSource(so
 //
 // An event without a route is answered OutcomeIgnored, nothing run. With
 // DeliverOptions.Guard, a body delivered before under another key is
-// answered with a *ReplayError, nothing run or written, and a wait past the
+// answered with a *DuplicateBodyError, nothing run or written, and a wait past the
 // guard's LockTimeout for another delivery of the same body OutcomeInFlight.
 // Deliver
 // is what the HTTP endpoint and the queue consumers call for every verified
@@ -93,9 +93,9 @@ func (p *Processor) HasRoutes(source string) bool { return p.routes.hasSource(so
 // OutcomeInFlight). ctx bounds the work up to COMMIT.
 func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions) (Result, error) {
 	res, err := p.deliver(ctx, ev, opts)
-	if errors.Is(err, errReplayInFlight) {
+	if errors.Is(err, errBodyInFlight) {
 		// Another delivery of the same body holds the guard's lock.
-		return Result{Outcome: OutcomeInFlight, RetryAfter: opts.Guard.lockTimeout()}, nil
+		return Result{Outcome: OutcomeInFlight, RetryAfter: opts.BodyDedupe.lockTimeout()}, nil
 	}
 	return res, err
 }
@@ -109,7 +109,7 @@ func (p *Processor) deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 	if o.Ignore {
 		ok = false
 	}
-	g := o.Guard
+	g := o.BodyDedupe
 	switch {
 	case !ok && g == nil:
 		if err := ev.validate(p.maxKeyLen); err != nil {

@@ -82,7 +82,7 @@ func TestDeliverGuardRecordsIgnoredEvents(t *testing.T) {
 	rs := txhook.NewRoutes()
 	rs.Transactional("s", "routed", insertEffect)
 	p := b.processor(t, &txhook.Config{Routes: rs})
-	g := &txhook.DeliverOptions{Guard: &txhook.ReplayGuard{}}
+	g := &txhook.DeliverOptions{BodyDedupe: &txhook.BodyDedupe{}}
 	hash := []byte("0123456789abcdef0123456789abcdef")
 
 	res, err := deliver(t, p, txhook.Event{Source: "s", Key: "k1", Type: "unrouted", PayloadHash: hash}, g)
@@ -90,8 +90,8 @@ func TestDeliverGuardRecordsIgnoredEvents(t *testing.T) {
 		t.Fatalf("first delivery: %v, %v; want ignored", res.Outcome, err)
 	}
 	_, err = deliver(t, p, txhook.Event{Source: "s", Key: "k2", Type: "routed", PayloadHash: hash}, g)
-	if re, ok := errors.AsType[*txhook.ReplayError](err); !ok || re.Key != "k1" {
-		t.Fatalf("the same body under a new key and a routed type: %v, want a ReplayError naming k1", err)
+	if re, ok := errors.AsType[*txhook.DuplicateBodyError](err); !ok || re.Key != "k1" {
+		t.Fatalf("the same body under a new key and a routed type: %v, want a DuplicateBodyError naming k1", err)
 	}
 	if n := b.effects(t, "k2"); n != 0 {
 		t.Errorf("replayed body applied %d times", n)

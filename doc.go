@@ -120,6 +120,6 @@
 //   - idempotency key: a deterministic key per event and step
 //     (IdempotencyKey) for the external calls of lease mode.
 //   - replay: running a failed (or stuck) event again from its stored
-//     payload (Replayer, ReplayLease); the replay guard is the handler package's
+//     payload (Replayer, ReplayLease); the body dedupe is the handler package's
 //     check for a signed body resent under a new key.
 package txhook

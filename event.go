@@ -22,7 +22,7 @@ type Event struct {
 	// configured to keep payloads (for replay).
 	Payload []byte
 	// PayloadHash is an optional digest of the signed body, stored for the
-	// replay guard of providers whose event ids are not signed.
+	// body dedupe of providers whose event ids are not signed.
 	PayloadHash []byte
 }
 

@@ -36,7 +36,7 @@ func processWithin(t *testing.T, limit time.Duration, p *txhook.Processor, ev tx
 }
 
 // TestReplayGuardInFlightWithFirstStatement: under DedupeWithFirstStatement
-// the replay guard's check is the handler's first statement, sent with the
+// the body dedupe's check is the handler's first statement, sent with the
 // dedupe step; its wait on another delivery of the same body is bounded by
 // the guard's own LockTimeout, and the delivery is answered
 // in flight after that wait, once, not after a second attempt.
@@ -51,7 +51,7 @@ func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
 		return insertEffect(ctx, tx, ev)
 	})
 	p := b.processor(t, &txhook.Config{Routes: rs, DedupeWithFirstStatement: true, RecentKeys: -1})
-	g := &txhook.DeliverOptions{Guard: &txhook.ReplayGuard{LockTimeout: wait}}
+	g := &txhook.DeliverOptions{BodyDedupe: &txhook.BodyDedupe{LockTimeout: wait}}
 	withHash := func(key string) txhook.Event {
 		ev := event(key)
 		ev.PayloadHash = []byte("same body")

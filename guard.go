@@ -13,29 +13,30 @@ import (
 	"github.com/txhook/txhook/internal/engine"
 )
 
-// defaultReplayLockTimeout is ReplayGuard.LockTimeout's default.
-const defaultReplayLockTimeout = 2 * time.Second
+// defaultBodyDedupeLockTimeout is BodyDedupe.LockTimeout's default.
+const defaultBodyDedupeLockTimeout = 2 * time.Second
 
-// errReplayInFlight is matched by the error of a check that gave up
-// waiting, past ReplayGuard.LockTimeout, for another delivery of the same
+// errBodyInFlight is matched by the error of a check that gave up
+// waiting, past BodyDedupe.LockTimeout, for another delivery of the same
 // body to finish: Deliver answers it OutcomeInFlight.
-var errReplayInFlight = errors.New("txhook: a delivery of the same body is in flight")
+var errBodyInFlight = errors.New("txhook: a delivery of the same body is in flight")
 
-// ReplayError reports that an event's PayloadHash is already recorded under
-// another key of its source within the guard's window: the delivery replays
-// a body delivered before, under a new key. Nothing of the delivery ran or
-// was written.
-type ReplayError struct {
+// DuplicateBodyError reports that an event's PayloadHash is already
+// recorded under another key of its source within BodyDedupe.Window: the
+// delivery sends again, under a new key, a body received before. Nothing of
+// the delivery ran or was written.
+type DuplicateBodyError struct {
 	// Key is the other key recorded with the same hash.
 	Key string
 }
 
 // Error names the key the body was first recorded under.
-func (e *ReplayError) Error() string {
+func (e *DuplicateBodyError) Error() string {
 	return "txhook: body already recorded under event key " + e.Key
 }
 
-// ReplayGuard checks deliveries for a body replayed under a new key. Senders
+// BodyDedupe dedupes deliveries by body as well as by key: it refuses a
+// body already received under another key (a replay attack). Senders
 // whose event keys are not signed (GitHub's X-GitHub-Delivery, Shopify's
 // X-Shopify-Event-Id) let a captured body and signature pass dedupe again
 // under a fresh key header; the guard catches that by Event.PayloadHash, a
@@ -55,10 +56,10 @@ func (e *ReplayError) Error() string {
 // stricter level sees only what committed before the transaction began. An
 // event without a PayloadHash is not checked. The zero value is ready to
 // use.
-type ReplayGuard struct {
+type BodyDedupe struct {
 	// Window is how far back the guard looks. Pruning keeps rows for the
 	// prune retention only, so a Window longer than the retention is
-	// shortened to it in effect (see PrunerConfig.ReplayWindow). Defaults
+	// shortened to it in effect (see PrunerConfig.BodyDedupeWindow). Defaults
 	// to DefaultRetention, so that the guard remembers every body whose
 	// row default pruning keeps.
 	Window time.Duration
@@ -71,10 +72,10 @@ type ReplayGuard struct {
 // handler returns h with the guard's check in front: for Process, whose
 // transaction has already recorded the event's key and hash when h runs, so
 // the lock is held until that transaction ends. A replayed body makes the
-// handler fail with a *ReplayError, and a wait past LockTimeout with
-// errReplayInFlight; Process then rolls back and returns that error
+// handler fail with a *DuplicateBodyError, and a wait past LockTimeout with
+// errBodyInFlight; Process then rolls back and returns that error
 // wrapped.
-func (g ReplayGuard) handler(h HandlerFunc) HandlerFunc {
+func (g BodyDedupe) handler(h HandlerFunc) HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
 		if err := g.check(ctx, tx, ev); err != nil {
 			return err
@@ -87,24 +88,24 @@ func (g ReplayGuard) handler(h HandlerFunc) HandlerFunc {
 // takes the guard's lock, looks for the hash and claims the key in one
 // transaction, so the claim (and with it the hash) is committed before the
 // next delivery of the same body is checked. A replayed body makes
-// ProcessLease return an error wrapping a *ReplayError, with nothing claimed
+// ProcessLease return an error wrapping a *DuplicateBodyError, with nothing claimed
 // and Work not run; a wait past LockTimeout is answered OutcomeInFlight.
-func (g ReplayGuard) lease(h LeaseHandler) LeaseHandler {
+func (g BodyDedupe) lease(h LeaseHandler) LeaseHandler {
 	h.guard = &g
 	return h
 }
 
 // lockTimeout is the guard's LockTimeout, or its default.
-func (g *ReplayGuard) lockTimeout() time.Duration {
+func (g *BodyDedupe) lockTimeout() time.Duration {
 	if g == nil || g.LockTimeout <= 0 {
-		return defaultReplayLockTimeout
+		return defaultBodyDedupeLockTimeout
 	}
 	return g.LockTimeout
 }
 
 // check takes the guard's lock for ev in q's transaction and looks for
 // another key recorded with ev's hash.
-func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
+func (g BodyDedupe) check(ctx context.Context, q db.DBTX, ev Event) error {
 	if len(ev.PayloadHash) == 0 {
 		return nil
 	}
@@ -121,11 +122,11 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 	})
 	switch {
 	case isReplayWait(err):
-		return fmt.Errorf("check replay: %w", errors.Join(errReplayInFlight, err))
+		return fmt.Errorf("check replay: %w", errors.Join(errBodyInFlight, err))
 	case err != nil:
 		return fmt.Errorf("check replay: %w", err)
 	case other != "":
-		return &ReplayError{Key: other}
+		return &DuplicateBodyError{Key: other}
 	}
 	return nil
 }
@@ -133,7 +134,7 @@ func (g ReplayGuard) check(ctx context.Context, q db.DBTX, ev Event) error {
 // claimGuarded runs fn, lease mode's claim, after g's check in one
 // transaction; with a nil g, or an event without a hash, it is
 // p.autocommit.
-func (g *ReplayGuard) claimGuarded(ctx context.Context, p *Processor, ev Event, fn func(ctx context.Context, q *db.Queries) error) error {
+func (g *BodyDedupe) claimGuarded(ctx context.Context, p *Processor, ev Event, fn func(ctx context.Context, q *db.Queries) error) error {
 	if g == nil || len(ev.PayloadHash) == 0 {
 		return p.autocommit(ctx, fn)
 	}

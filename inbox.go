@@ -54,16 +54,16 @@ const statusQueued = "queued"
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
-// With a ReplayGuard, its check runs first in the transaction; its lock is
+// With a BodyDedupe, its check runs first in the transaction; its lock is
 // held until COMMIT, with which the row is inserted, so the next delivery
 // of the same body finds the row. A concurrent delivery of the same key
-// then waits at the guard's lock (bounded by ReplayGuard.LockTimeout, past
+// then waits at the guard's lock (bounded by BodyDedupe.LockTimeout, past
 // which it fails with ErrReplayInFlight) before it is answered a duplicate.
 // Any error means nothing was committed (a *CommitUnknownError: the outcome
 // cannot be known), and the sender must not be acknowledged; a database
 // that cannot be used gives an *UnavailableError. ctx bounds the work up to
 // COMMIT.
-func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *ReplayGuard, q Queue) (Result, error) {
+func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *BodyDedupe, q Queue) (Result, error) {
 	if err := ev.validate(p.maxKeyLen); err != nil {
 		return Result{}, err
 	}

@@ -25,7 +25,7 @@ type jobQueue struct {
 	fail error
 	// hold, when set, is the key whose Enqueue waits, after its insert,
 	// until release is closed, keeping its transaction open (and the
-	// replay guard's lock, taken before it, held).
+	// body dedupe's lock, taken before it, held).
 	hold    string
 	held    chan struct{} // closed once the held Enqueue waits
 	release chan struct{}
@@ -88,9 +88,9 @@ func (b *bundle) inboxOn(t *testing.T, d txhook.Beginner, cfg *txhook.Config, h 
 }
 
 // accept delivers ev to p's inbox route.
-func accept(t *testing.T, p *txhook.Processor, ev txhook.Event, g *txhook.ReplayGuard) (txhook.Result, error) {
+func accept(t *testing.T, p *txhook.Processor, ev txhook.Event, g *txhook.BodyDedupe) (txhook.Result, error) {
 	t.Helper()
-	return p.Deliver(boundedCtx(t), ev, &txhook.DeliverOptions{Guard: g})
+	return p.Deliver(boundedCtx(t), ev, &txhook.DeliverOptions{BodyDedupe: g})
 }
 
 func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
@@ -180,7 +180,7 @@ func TestAcceptWithReplayGuard(t *testing.T) {
 	b := setup(t)
 	q := &jobQueue{query: true, hold: "k-3", held: make(chan struct{}), release: make(chan struct{})}
 	p := b.inbox(t, nil, insertEffect, q)
-	g := &txhook.ReplayGuard{LockTimeout: 100 * time.Millisecond}
+	g := &txhook.BodyDedupe{LockTimeout: 100 * time.Millisecond}
 	withHash := func(key, hash string) txhook.Event {
 		ev := event(key)
 		ev.PayloadHash = []byte(hash)
@@ -231,7 +231,7 @@ func TestAcceptWithReplayGuard(t *testing.T) {
 }
 
 func isReplayOf(err error, key string) bool {
-	re, ok := errors.AsType[*txhook.ReplayError](err)
+	re, ok := errors.AsType[*txhook.DuplicateBodyError](err)
 	return ok && re.Key == key
 }
 

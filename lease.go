@@ -94,7 +94,7 @@ type LeaseHandler struct {
 	// then has a deadline at the end of the lease.
 	RenewEvery time.Duration
 
-	guard *ReplayGuard // checked inside the claim; see ReplayGuard.Lease
+	guard *BodyDedupe // checked inside the claim; see BodyDedupe.Lease
 }
 
 type leaseSettings struct {
@@ -276,7 +276,7 @@ func (p *Processor) runClaim(ctx context.Context, c Claim, ev Event, s leaseSett
 }
 
 // claim runs the claim statement in its own transaction, after g's check.
-func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, replay bool, g *ReplayGuard) (db.ClaimEventRow, error) {
+func (p *Processor) claim(ctx context.Context, ev Event, lease time.Duration, replay bool, g *BodyDedupe) (db.ClaimEventRow, error) {
 	var row db.ClaimEventRow
 	err := g.claimGuarded(ctx, p, ev, func(ctx context.Context, q *db.Queries) error {
 		var err error

@@ -118,7 +118,7 @@ type Config struct {
 	// setting. A NOWAIT's refusal is not a hit of the bound: the handler's
 	// error, answered once (a lock_timeout the handler's own function sets
 	// cannot be told from the bound, and runs the attempt again; the
-	// ReplayGuard's check answers with its own error). The session's
+	// BodyDedupe's check answers with its own error). The session's
 	// lock_timeout is back in force for the statements after those; a
 	// handler whose first statement sets lock_timeout itself (SET LOCAL
 	// lock_timeout) keeps its own setting, unless it sets the bound's

@@ -197,15 +197,15 @@ type PrunerConfig struct {
 	// Logger receives one record per run that deleted rows or failed.
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// ReplayWindow is the longest replay window of the application's
-	// guarded endpoints (handler.Config.ReplayWindow; providers with
+	// BodyDedupeWindow is the longest body dedupe window of the application's
+	// guarded endpoints (handler.Config.BodyDedupeWindow; providers with
 	// unsigned event keys, GitHub and Shopify, are guarded by default).
-	// The replay guard finds a replayed body by the rows pruning deletes,
+	// The body dedupe finds a replayed body by the rows pruning deletes,
 	// so a retention (Options.OlderThan) shorter than the window shortens
 	// the guard's memory to the retention: Run logs a warning when it is.
 	// Defaults to DefaultRetention, the guard's default window; a negative
 	// value means no endpoint is guarded, and no warning.
-	ReplayWindow time.Duration
+	BodyDedupeWindow time.Duration
 }
 
 // Pruner runs Prune in the background, for applications that do not prune
@@ -216,7 +216,7 @@ type Pruner struct {
 	interval time.Duration
 	opts     PruneOptions
 	logger   *slog.Logger
-	window   time.Duration // ReplayWindow; <= 0: none
+	window   time.Duration // BodyDedupeWindow; <= 0: none
 }
 
 // NewPruner returns a Pruner that prunes the events table in db.
@@ -237,8 +237,8 @@ func NewPruner(db Beginner, cfg *PrunerConfig) (*Pruner, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.ReplayWindow == 0 {
-		c.ReplayWindow = DefaultRetention
+	if c.BodyDedupeWindow == 0 {
+		c.BodyDedupeWindow = DefaultRetention
 	}
 	c.Options.DryRun = false
 	c.Options.Progress = nil
@@ -246,16 +246,16 @@ func NewPruner(db Beginner, cfg *PrunerConfig) (*Pruner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("txhook: new pruner: %w", err)
 	}
-	return &Pruner{db: db, interval: c.Interval, opts: opts, logger: c.Logger, window: c.ReplayWindow}, nil
+	return &Pruner{db: db, interval: c.Interval, opts: opts, logger: c.Logger, window: c.BodyDedupeWindow}, nil
 }
 
 // Run prunes at once and then every Interval until ctx ends. Errors are
 // logged and the next run tries again. Run returns when ctx ends, after
 // stopping a run in progress between batches. It first logs a warning when
-// the retention is shorter than PrunerConfig.ReplayWindow.
+// the retention is shorter than PrunerConfig.BodyDedupeWindow.
 func (p *Pruner) Run(ctx context.Context) {
 	if p.opts.OlderThan < p.window {
-		p.logger.WarnContext(ctx, "txhook: prune retention is shorter than the replay window: the replay guard forgets bodies once their rows are pruned; set PrunerConfig.ReplayWindow to the longest window of the guarded endpoints (negative if none)",
+		p.logger.WarnContext(ctx, "txhook: prune retention is shorter than the body dedupe window: the body dedupe forgets bodies once their rows are pruned; set PrunerConfig.BodyDedupeWindow to the longest window of the guarded endpoints (negative if none)",
 			"retention", p.opts.OlderThan, "replay_window", p.window)
 	}
 	for {

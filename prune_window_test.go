@@ -22,7 +22,7 @@ func (unreachable) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
 }
 
 // TestPrunerWarnsBelowReplayWindow: a Pruner whose retention is shorter
-// than the replay window of the guarded endpoints says so when it starts.
+// than the body dedupe window of the guarded endpoints says so when it starts.
 func TestPrunerWarnsBelowReplayWindow(t *testing.T) {
 	t.Parallel()
 	day := 24 * time.Hour
@@ -43,9 +43,9 @@ func TestPrunerWarnsBelowReplayWindow(t *testing.T) {
 			t.Parallel()
 			var logs bytes.Buffer
 			pr, err := txhook.NewPruner(unreachable{}, &txhook.PrunerConfig{
-				Options:      txhook.PruneOptions{OlderThan: tc.retention},
-				ReplayWindow: tc.window,
-				Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
+				Options:          txhook.PruneOptions{OlderThan: tc.retention},
+				BodyDedupeWindow: tc.window,
+				Logger:           slog.New(slog.NewTextHandler(&logs, nil)),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -53,7 +53,7 @@ func TestPrunerWarnsBelowReplayWindow(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			cancel() // one run, which fails at once, then Run returns
 			pr.Run(ctx)
-			got := strings.Contains(logs.String(), "shorter than the replay window")
+			got := strings.Contains(logs.String(), "shorter than the body dedupe window")
 			if got != tc.wantWarning {
 				t.Errorf("warning logged = %v, want %v; logs:\n%s", got, tc.wantWarning, logs.String())
 			}

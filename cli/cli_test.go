@@ -375,23 +375,23 @@ func TestPrune(t *testing.T) {
 		warn bool
 	}{
 		{[]string{"--older-than", "7d"}, true},
-		{[]string{"--older-than", "7d", "--replay-window", "0"}, false},
-		{[]string{"--older-than", "20d", "--replay-window", "30d"}, true},
-		{[]string{"--older-than", "30d", "--replay-window", "30d"}, false},
+		{[]string{"--older-than", "7d", "--body-dedupe-window", "0"}, false},
+		{[]string{"--older-than", "20d", "--body-dedupe-window", "30d"}, true},
+		{[]string{"--older-than", "30d", "--body-dedupe-window", "30d"}, false},
 	} {
 		args := append([]string{"--database-url", d.URL, "prune", "--dry-run"}, tc.args...)
 		code, _, errOut := txhookCLI(t, args...)
-		if code != 0 || strings.Contains(errOut, "shorter than the replay window") != tc.warn {
-			t.Errorf("prune %v: exit %d, stderr %q; want a replay window warning: %v", tc.args, code, errOut, tc.warn)
+		if code != 0 || strings.Contains(errOut, "shorter than the body dedupe window") != tc.warn {
+			t.Errorf("prune %v: exit %d, stderr %q; want a body dedupe window warning: %v", tc.args, code, errOut, tc.warn)
 		}
 	}
-	if code, _, errOut := txhookCLI(t, "--database-url", d.URL, "prune", "--replay-window", "36500d2562047h"); code != 2 || !strings.Contains(errOut, "--replay-window") {
-		t.Errorf("prune with an overflowing --replay-window: exit %d, stderr %q", code, errOut)
+	if code, _, errOut := txhookCLI(t, "--database-url", d.URL, "prune", "--body-dedupe-window", "36500d2562047h"); code != 2 || !strings.Contains(errOut, "--body-dedupe-window") {
+		t.Errorf("prune with an overflowing --body-dedupe-window: exit %d, stderr %q", code, errOut)
 	}
 
 	code, out, errOut = txhookCLI(t, "--database-url", d.URL, "prune", "--older-than", "12h", "--include-failed")
 	if code != 0 || !strings.HasPrefix(out, "deleted 5 done and failed events") || !strings.Contains(errOut, "warning: a retention of 12h0m0s is shorter") ||
-		!strings.Contains(errOut, "shorter than the replay window of 336h0m0s") {
+		!strings.Contains(errOut, "shorter than the body dedupe window of 336h0m0s") {
 		t.Errorf("prune --older-than 12h: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if n := count(t, d.Pool, "status = 'in_progress'"); n != 2 || count(t, d.Pool, "true") != 2 {

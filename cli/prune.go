@@ -16,9 +16,9 @@ import (
 const minSafeRetention = 3 * 24 * time.Hour
 
 func runPrune(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("prune", "prune [--older-than DURATION] [--replay-window DURATION] [--batch N] [--include-failed] [--dry-run]")
+	fs := c.newFlags("prune", "prune [--older-than DURATION] [--body-dedupe-window DURATION] [--batch N] [--include-failed] [--dry-run]")
 	olderThan := fs.String("older-than", "14d", "delete events completed longer ago than this: 14d, 36h, 1d12h")
-	replayWindow := fs.String("replay-window", "14d", "the longest replay window of the guarded endpoints (GitHub, Shopify); 0 if none")
+	bodyDedupeWindow := fs.String("body-dedupe-window", "14d", "the longest body dedupe window of the guarded endpoints (GitHub, Shopify); 0 if none")
 	batch := fs.Int("batch", txhook.DefaultPruneBatchSize, "rows deleted per transaction")
 	includeFailed := fs.Bool("include-failed", false, "delete failed events (dead letters) too")
 	dryRun := fs.Bool("dry-run", false, "count the events that would be deleted; delete nothing")
@@ -36,9 +36,9 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 	if age == 0 {
 		return usagef("--older-than must be more than 0")
 	}
-	window, err := parseAge(*replayWindow)
+	window, err := parseAge(*bodyDedupeWindow)
 	if err != nil {
-		return usagef("--replay-window: %v", err)
+		return usagef("--body-dedupe-window: %v", err)
 	}
 	if *batch < 1 || *batch > 1_000_000 {
 		return usagef("--batch must be between 1 and 1000000")
@@ -47,7 +47,7 @@ func runPrune(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(c.stderr, "%s prune: warning: a retention of %v is shorter than the providers' retry and redelivery windows (3 days for Stripe and GitHub); a pruned event that is delivered again is processed again\n", c.name, age)
 	}
 	if age < window {
-		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the replay window of %v: the replay guard of GitHub and Shopify endpoints forgets a body once its row is pruned; pass --replay-window with the longest window of your guarded endpoints (0 if none)\n", age, window)
+		fmt.Fprintf(c.stderr, "txhook prune: warning: a retention of %v is shorter than the body dedupe window of %v: the body dedupe of GitHub and Shopify endpoints forgets a body once its row is pruned; pass --body-dedupe-window with the longest window of your guarded endpoints (0 if none)\n", age, window)
 	}
 	conn, err := c.connect(ctx)
 	if err != nil {

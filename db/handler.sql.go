@@ -27,7 +27,7 @@ type LockAndFindPayloadHashParams struct {
 	LockTimeout   string
 }
 
-// The replay guard's check, in the transaction that records the delivery (or claims it, or holds
+// The body dedupe's check, in the transaction that records the delivery (or claims it, or holds
 // the guard's lock while another route runs); see txhook_find_replay in migrations. Returns ”
 // when no other key has the hash.
 func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPayloadHashParams) (string, error) {

@@ -80,7 +80,7 @@ func BenchmarkUnsignedBodies(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				ep, err := handler.New(proc, &handler.Config{Source: "s", Provider: tc.p, ReplayGuard: handler.ReplayGuardOff,
+				ep, err := handler.New(proc, &handler.Config{Source: "s", Provider: tc.p, BodyDedupe: handler.BodyDedupeOff,
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 				if err != nil {
 					b.Fatal(err)

@@ -45,11 +45,11 @@
 //	processed, committed                         200 {"status":"processed"}
 //	inbox route: event and job committed         202 {"status":"queued"} (applied later)
 //	duplicate of a committed event               200 {"status":"duplicate"}
-//	body replayed under a new key (replay guard) 200 {"status":"replay"}
-//	handler returned txhook.Permanent(err)       200 {"status":"failed"} (recorded for replay)
+//	a body received before under another key     200 {"status":"duplicate_body"} (body dedupe)
+//	handler returned txhook.Permanent(err)       200 {"status":"failed"} (a dead letter, replayable)
 //	no route for the type                        200 {"status":"ignored"}
 //	GitHub ping                                  200 {"status":"ping"}
-//	(with the replay guard on, ignored and ping deliveries are recorded)
+//	(with body dedupe on, ignored and ping deliveries are recorded)
 //	in flight elsewhere                          409 (or 503, Config.InFlightStatus) + Retry-After
 //	bad or missing signature                     400 {"error":"bad_signature",...}
 //	stale or missing signed timestamp            400 {"error":"stale_timestamp",...}
@@ -94,27 +94,29 @@
 // an http.Server whose ReadHeaderTimeout, ReadTimeout, WriteTimeout and
 // IdleTimeout are set.
 //
-// # Replay guard
+// # Body dedupe
 //
 // GitHub and Shopify sign neither their delivery ids, nor their event type
-// header, nor a timestamp: a captured body and signature, replayed with a
-// fresh id header (and perhaps another type), would pass dedupe. With the
-// guard on (the default for those providers, see Config.ReplayGuard) the
-// endpoint stores a SHA-256 of each verified delivery's identity with the
-// event, also for deliveries answered ignored or ping, and a delivery whose
-// identity was already recorded under another key of the same source within
-// Config.ReplayWindow is answered 200 as a duplicate ("replay"), with nothing
-// run, and logged as a suspected replay. The identity is the body alone,
+// header, nor a timestamp: a captured body and signature, sent again with a
+// fresh id header (and perhaps another type), a replay attack, would pass
+// the dedupe by key. Body dedupe, on by default for those providers (see
+// Config.BodyDedupe), dedupes by body too: the endpoint stores a SHA-256 of
+// each verified delivery's identity with the event, also for deliveries
+// answered ignored or ping, and a delivery whose identity was already
+// recorded under another key of the same source within
+// Config.BodyDedupeWindow is answered 200 {"status":"duplicate_body"}, with
+// nothing run, and logged as a suspected replay attack. The identity is the
+// body alone,
 // since GitHub's bodies differ by event; for providers implementing
 // SharedBodies (Shopify, whose topics can share a body) it is the type and
 // the body.
 //
-// The check is race-free in every mode (txhook.ReplayGuard): deliveries of
+// The check is race-free in every mode (txhook.BodyDedupe): deliveries of
 // one identity take a transaction-level advisory lock in turn and each sees
 // the rows of those before it. It runs inside the transaction that records
 // the event: a transactional route's own, after its key is inserted; a lease
 // route's claim; an inbox route's accept. A wait past
-// Config.ReplayLockTimeout is answered in flight.
+// Config.BodyDedupeLockTimeout is answered in flight.
 //
 // # Observability
 //

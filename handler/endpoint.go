@@ -26,19 +26,20 @@ const DefaultMaxBodyBytes = 1 << 20
 // Shopify 5s), after which the sender has given up on the delivery anyway.
 const DefaultBodyReadTimeout = 15 * time.Second
 
-// ReplayGuard selects whether an endpoint checks for replayed bodies.
-type ReplayGuard int
+// BodyDedupeMode selects whether an endpoint dedupes deliveries by body as
+// well as by key (Config.BodyDedupe).
+type BodyDedupeMode int
 
-// Replay guard settings.
+// Body dedupe settings.
 const (
-	// ReplayGuardAuto turns the guard on for providers whose key or type
+	// BodyDedupeAuto turns body dedupe on for providers whose key or type
 	// is not signed (those implementing KeyUnsigned and reporting true:
 	// GitHub, Shopify, HMAC with KeyHeader or TypeHeader), off otherwise.
-	ReplayGuardAuto ReplayGuard = iota
-	// ReplayGuardOn always checks.
-	ReplayGuardOn
-	// ReplayGuardOff never checks.
-	ReplayGuardOff
+	BodyDedupeAuto BodyDedupeMode = iota
+	// BodyDedupeOn always checks.
+	BodyDedupeOn
+	// BodyDedupeOff never checks.
+	BodyDedupeOff
 )
 
 // Config configures an Endpoint.
@@ -70,25 +71,26 @@ type Config struct {
 	// http.StatusConflict or http.StatusServiceUnavailable, always with
 	// Retry-After. Defaults to http.StatusConflict.
 	InFlightStatus int
-	// ReplayGuard selects the replay guard. The guard hashes the signed body
-	// (SHA-256; with the type too for providers whose bodies can repeat
-	// across types, see SharedBodies), stores the hash with the event, and
-	// answers a delivery whose hash was already recorded under another key
-	// of this source within ReplayWindow as a replay, logging a suspected
-	// replay. With the guard on, deliveries answered ignored or ping are
-	// recorded too (key and hash, nothing else runs), so that their bodies
-	// cannot be replayed later under a routed type. Defaults to
-	// ReplayGuardAuto.
-	ReplayGuard ReplayGuard
-	// ReplayWindow is how far back the guard looks. Pruning shortens it in
-	// effect to the prune retention (see txhook.PrunerConfig.ReplayWindow).
-	// Defaults to txhook.DefaultRetention, the events table's default
-	// retention (the guard's own default, see txhook.ReplayGuard).
-	ReplayWindow time.Duration
-	// ReplayLockTimeout bounds how long the guard waits for a concurrent
+	// BodyDedupe selects body dedupe, against captured bodies sent again
+	// under a fresh key (replay attacks on providers whose keys are not
+	// signed). It hashes the signed body (SHA-256; with the type too for
+	// providers whose bodies can repeat across types, see SharedBodies),
+	// stores the hash with the event, and answers a delivery whose hash was
+	// already recorded under another key of this source within
+	// BodyDedupeWindow as AnswerDuplicateBody, logging a suspected replay
+	// attack. With it on, deliveries answered ignored or ping are recorded
+	// too (key and hash, nothing else runs), so that their bodies cannot
+	// come back later under a routed type. Defaults to BodyDedupeAuto.
+	BodyDedupe BodyDedupeMode
+	// BodyDedupeWindow is how far back body dedupe looks. Pruning shortens
+	// it in effect to the prune retention (see
+	// txhook.PrunerConfig.BodyDedupeWindow). Defaults to
+	// txhook.DefaultRetention, the events table's default retention.
+	BodyDedupeWindow time.Duration
+	// BodyDedupeLockTimeout bounds how long body dedupe waits for a concurrent
 	// delivery of the same body under another key to finish; past it the
 	// delivery is answered in flight. Defaults to 2s.
-	ReplayLockTimeout time.Duration
+	BodyDedupeLockTimeout time.Duration
 	// Logger receives one record per delivery. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Observer, if set, receives a Report per delivery (for metrics).
@@ -111,7 +113,7 @@ type Endpoint struct {
 	maxBody  int64
 	readWait time.Duration // Config.BodyReadTimeout; <= 0: none
 	inFlight int
-	guard    *guard // nil when the replay guard is off
+	guard    *guard // nil when the body dedupe is off
 	log      *slog.Logger
 	observer Observer
 	now      func() time.Time
@@ -140,7 +142,7 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 			return nil, fmt.Errorf("handler: new endpoint: provider: %w", err)
 		}
 	}
-	if c.MaxBodyBytes < 0 || c.ReplayWindow < 0 || c.ReplayLockTimeout < 0 {
+	if c.MaxBodyBytes < 0 || c.BodyDedupeWindow < 0 || c.BodyDedupeLockTimeout < 0 {
 		return nil, errors.New("handler: new endpoint: negative limit in config")
 	}
 	if c.MaxBodyBytes == 0 {
@@ -157,16 +159,16 @@ func New(p *txhook.Processor, cfg *Config) (*Endpoint, error) {
 		return nil, fmt.Errorf("handler: new endpoint: InFlightStatus %d is not 409 or 503", c.InFlightStatus)
 	}
 	guarded := false
-	switch c.ReplayGuard {
-	case ReplayGuardAuto:
+	switch c.BodyDedupe {
+	case BodyDedupeAuto:
 		if ku, ok := c.Provider.(KeyUnsigned); ok {
 			guarded = ku.KeyUnsigned()
 		}
-	case ReplayGuardOn:
+	case BodyDedupeOn:
 		guarded = true
-	case ReplayGuardOff:
+	case BodyDedupeOff:
 	default:
-		return nil, fmt.Errorf("handler: new endpoint: unknown ReplayGuard %d", c.ReplayGuard)
+		return nil, fmt.Errorf("handler: new endpoint: unknown BodyDedupeMode %d", c.BodyDedupe)
 	}
 	if !p.HasRoutes(c.Source) {
 		return nil, fmt.Errorf("handler: new endpoint: no route for source %q: register its handlers in the processor's txhook.Config.Routes", c.Source)
@@ -271,13 +273,13 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) re
 	opts := txhook.DeliverOptions{Ignore: d.Ping}
 	if e.guard != nil {
 		ev.PayloadHash = e.guard.hash(d.Type, body)
-		opts.Guard = &e.guard.rg
+		opts.BodyDedupe = &e.guard.rg
 	}
 	ctx := r.Context()
 	res, err := e.proc.Deliver(ctx, ev, &opts)
-	if re, ok := errors.AsType[*txhook.ReplayError](err); ok {
+	if re, ok := errors.AsType[*txhook.DuplicateBodyError](err); ok {
 		e.logReplay(ctx, ev, re.Key)
-		return reply{outcome: AnswerReplay, status: http.StatusOK}
+		return reply{outcome: AnswerDuplicateBody, status: http.StatusOK}
 	}
 	a := e.mapResult(res, err)
 	if d.Ping && a.outcome == AnswerIgnored {
@@ -287,7 +289,7 @@ func (e *Endpoint) serve(w http.ResponseWriter, r *http.Request, d *Delivery) re
 }
 
 func (e *Endpoint) logReplay(ctx context.Context, ev txhook.Event, original string) {
-	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay: body already processed under another key",
+	e.log.LogAttrs(ctx, slog.LevelWarn, "txhook: suspected replay attack: body already received under another key",
 		slog.String("source", ev.Source), slog.String("key", ev.Key), slog.String("type", ev.Type),
 		slog.String("original_key", original))
 }
@@ -311,7 +313,7 @@ func (e *Endpoint) mapResult(res txhook.Result, err error) reply {
 	case txhook.OutcomeDuplicate:
 		return reply{outcome: AnswerDuplicate, status: http.StatusOK}
 	case txhook.OutcomeIgnored:
-		// No route for the type (recorded when the replay guard is on).
+		// No route for the type (recorded when the body dedupe is on).
 		return reply{outcome: AnswerIgnored, status: http.StatusOK}
 	case txhook.OutcomeFailed:
 		// Recorded for an operator to replay; the sender must stop retrying.
@@ -405,7 +407,7 @@ type bodyKey struct {
 // status. It is never modified after initialisation.
 var answerBodies = func() map[bodyKey][]byte {
 	all := []Answer{
-		AnswerProcessed, AnswerQueued, AnswerDuplicate, AnswerReplay, AnswerFailed, AnswerIgnored,
+		AnswerProcessed, AnswerQueued, AnswerDuplicate, AnswerDuplicateBody, AnswerFailed, AnswerIgnored,
 		AnswerPing, AnswerInFlight, AnswerMethodNotAllowed, AnswerTooLarge, AnswerTimeout, AnswerUnsupportedMediaType,
 		AnswerBadSignature, AnswerStaleTimestamp, AnswerBadRequest, AnswerError,
 		AnswerUnavailable,

@@ -36,7 +36,7 @@ func (d noCommit) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
 type fuzzEndpoint struct {
 	ep      *handler.Endpoint
 	signer  handler.Signer
-	guarded bool // the replay guard is on: even ping and ignored need a commit
+	guarded bool // the body dedupe is on: even ping and ignored need a commit
 }
 
 // FuzzEndpoint sends arbitrary requests (method, headers, body, optionally
@@ -46,7 +46,7 @@ type fuzzEndpoint struct {
 // around the database: it never panics; it answers only with a status of
 // its table and a JSON body; no handler ever runs (no transaction begins);
 // the database is reached only through a valid signature; and no answer is 2xx
-// except ping and ignored on an endpoint without the replay guard, the two
+// except ping and ignored on an endpoint without the body dedupe, the two
 // answers that need no commit. What needs a committing database (a 2xx for
 // a processed delivery is a commit) is the other tests' job.
 //

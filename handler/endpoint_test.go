@@ -439,7 +439,7 @@ func TestDatabaseUnreachable(t *testing.T) {
 		extra    []string
 	}{
 		{"stripe", &handler.Stripe{Secrets: []string{"whsec_x"}}, nil},
-		// The replay guard (on for GitHub) runs in the transaction that
+		// The body dedupe (on for GitHub) runs in the transaction that
 		// cannot begin.
 		{"github", &handler.GitHub{Secrets: []string{"x"}}, []string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"}},
 	} {

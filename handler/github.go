@@ -23,7 +23,7 @@ const (
 // X-GitHub-Event header; a "ping" is answered 200 without running anything.
 //
 // GitHub signs neither the delivery id nor a timestamp, so the endpoint's
-// replay guard is on by default for this provider.
+// body dedupe is on by default for this provider.
 //
 // A webhook whose content type is application/x-www-form-urlencoded sends
 // its JSON urlencoded in a "payload" form field; the endpoint answers such

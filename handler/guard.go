@@ -10,7 +10,7 @@ import (
 // SharedBodies is implemented by providers that can say whether two
 // legitimate deliveries of different event types may carry byte-identical
 // bodies (Shopify's topics: a product's products/create and products/update
-// can). When it reports true, the replay guard tells deliveries apart by type
+// can). When it reports true, the body dedupe tells deliveries apart by type
 // and body, so that neither is taken for a replay of the other; otherwise by
 // body alone, so that a captured body cannot be replayed under another type
 // either. See docs/handler.md.
@@ -18,16 +18,16 @@ type SharedBodies interface {
 	SharedBodies() bool
 }
 
-// guard is an endpoint's replay guard: txhook's check, run by Deliver where
-// it is race-free (see txhook.ReplayGuard), and how the endpoint hashes a
+// guard is an endpoint's body dedupe: txhook's check, run by Deliver where
+// it is race-free (see txhook.BodyDedupe), and how the endpoint hashes a
 // delivery for it.
 type guard struct {
-	rg    txhook.ReplayGuard
+	rg    txhook.BodyDedupe
 	typed bool // the type is part of the guarded identity
 }
 
 func newGuard(c *Config) *guard {
-	g := &guard{rg: txhook.ReplayGuard{Window: c.ReplayWindow, LockTimeout: c.ReplayLockTimeout}}
+	g := &guard{rg: txhook.BodyDedupe{Window: c.BodyDedupeWindow, LockTimeout: c.BodyDedupeLockTimeout}}
 	if sb, ok := c.Provider.(SharedBodies); ok {
 		g.typed = sb.SharedBodies()
 	}

@@ -33,14 +33,14 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 		body := `{"action":"opened","issue":{"number":7}}`
 		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "issues").want(t, 200, "status", "ignored")
 		e.wantCounts(1, 0)
-		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "duplicate_body")
 		e.wantCounts(1, 0)
 		// The ignored delivery's own retry is a plain duplicate.
 		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "issues").want(t, 200, "status", "duplicate")
 		// A push the other way round: its body cannot come back as issues.
 		push := `{"ref":"refs/heads/main","after":"abc"}`
 		e.post(gh, push, "X-GitHub-Delivery", "d-3", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
-		e.post(gh, push, "X-GitHub-Delivery", "d-4", "X-GitHub-Event", "issues").want(t, 200, "status", "replay")
+		e.post(gh, push, "X-GitHub-Delivery", "d-4", "X-GitHub-Event", "issues").want(t, 200, "status", "duplicate_body")
 		e.wantCounts(2, 1)
 	})
 	t.Run("github ping then push", func(t *testing.T) {
@@ -48,12 +48,12 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 		e := newEnv(t, handler.Config{Source: "gh", Provider: gh}, pushOnly("gh"))
 		body := `{"zen":"Design for failure.","hook_id":1}`
 		e.post(gh, body, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").want(t, 200, "status", "ping")
-		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "duplicate_body")
 		e.wantCounts(1, 0)
 	})
 	t.Run("github guard off answers ignored without writing", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, ReplayGuard: handler.ReplayGuardOff}, pushOnly("gh"))
+		e := newEnv(t, handler.Config{Source: "gh", Provider: gh, BodyDedupe: handler.BodyDedupeOff}, pushOnly("gh"))
 		e.post(gh, `{}`, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "issues").want(t, 200, "status", "ignored")
 		e.post(gh, `{}`, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "ping").want(t, 200, "status", "ping")
 		e.wantCounts(0, 0)
@@ -74,7 +74,7 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "products/update").want(t, 200, "status", "processed")
 		e.wantCounts(2, 2)
 		// The same topic and body under a third id is a replay.
-		e.post(shop, body, "X-Shopify-Event-Id", "ev-3", "X-Shopify-Topic", "products/update").want(t, 200, "status", "replay")
+		e.post(shop, body, "X-Shopify-Event-Id", "ev-3", "X-Shopify-Topic", "products/update").want(t, 200, "status", "duplicate_body")
 		e.wantCounts(2, 2)
 	})
 	t.Run("shopify ignored topic then routed topic", func(t *testing.T) {
@@ -82,7 +82,7 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 		e := newEnv(t, handler.Config{Source: "shop", Provider: shop}, shopRoutes())
 		body := `{"id":1}`
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-1", "X-Shopify-Topic", "products/delete").want(t, 200, "status", "ignored")
-		e.post(shop, body, "X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "products/delete").want(t, 200, "status", "replay")
+		e.post(shop, body, "X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "products/delete").want(t, 200, "status", "duplicate_body")
 		// Another topic is another identity: Shopify may send it legitimately.
 		e.post(shop, body, "X-Shopify-Event-Id", "ev-3", "X-Shopify-Topic", "products/create").want(t, 200, "status", "processed")
 		e.wantCounts(2, 1)
@@ -209,7 +209,7 @@ func newPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
 }
 
 // TestReplayGuardStatementTimeout: a session statement_timeout shorter than
-// ReplayLockTimeout cancels the guard's wait for another delivery of the
+// BodyDedupeLockTimeout cancels the guard's wait for another delivery of the
 // same body (57014); that is in flight, never 500.
 func TestReplayGuardStatementTimeout(t *testing.T) {
 	t.Parallel()
@@ -229,7 +229,7 @@ func TestReplayGuardStatementTimeout(t *testing.T) {
 	t.Cleanup(short.Close)
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started, release := make(chan struct{}), make(chan struct{})
-	e := newEnvPool(t, d.Pool, short, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 5 * time.Second},
+	e := newEnvPool(t, d.Pool, short, handler.Config{Source: "gh", Provider: gh, BodyDedupeLockTimeout: 5 * time.Second},
 		&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{"push": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 			if ev.Key == "d-1" {
 				close(started)

@@ -50,7 +50,7 @@ type HMAC struct {
 	// is refused with ErrMalformed, as an invalid key header is.
 	KeyField string
 	// TypeHeader names the header holding the event type. Optional. The
-	// header is not signed, so setting it turns the replay guard on by
+	// header is not signed, so setting it turns the body dedupe on by
 	// default, as KeyHeader does (see KeyUnsigned).
 	TypeHeader string
 	// TypeField names the top-level JSON string field holding the event
@@ -77,7 +77,7 @@ func (p *HMAC) Validate() error {
 
 // KeyUnsigned reports whether the key or the type comes from an (unsigned)
 // header: either lets a captured body and signature be sent again as
-// another delivery, so the replay guard is then on by default.
+// another delivery, so the body dedupe is then on by default.
 func (p *HMAC) KeyUnsigned() bool { return p.KeyHeader != "" || p.TypeHeader != "" }
 
 // Verify implements Provider.

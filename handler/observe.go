@@ -14,7 +14,7 @@ const (
 	AnswerProcessed            Answer = "processed"              // 200: handler ran and committed
 	AnswerQueued               Answer = "queued"                 // 202: accepted in inbox mode, applied later
 	AnswerDuplicate            Answer = "duplicate"              // 200: key already committed
-	AnswerReplay               Answer = "replay"                 // 200: body already seen under another key
+	AnswerDuplicateBody        Answer = "duplicate_body"         // 200: body already received under another key
 	AnswerFailed               Answer = "failed"                 // 200: permanent handler error, recorded
 	AnswerIgnored              Answer = "ignored"                // 200: no route for the type
 	AnswerPing                 Answer = "ping"                   // 200: connectivity check

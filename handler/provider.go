@@ -54,8 +54,8 @@ type Signer interface {
 // or the event type is read from outside it (an unsigned header), since
 // either lets a captured body and signature be sent again as another
 // delivery (a fresh key, or a type whose route runs something else). When
-// it reports true, the endpoint's replay guard is on by default (see
-// Config.ReplayGuard).
+// it reports true, the endpoint's body dedupe is on by default (see
+// Config.BodyDedupeMode).
 type KeyUnsigned interface {
 	KeyUnsigned() bool
 }

@@ -308,7 +308,7 @@ func TestSignRoundTrip(t *testing.T) {
 }
 
 // TestKeyUnsignedPerProvider: every built-in provider whose key or type is
-// read from an unsigned header reports so, turning the replay guard on by
+// read from an unsigned header reports so, turning the body dedupe on by
 // default; those that sign both do not.
 func TestKeyUnsignedPerProvider(t *testing.T) {
 	for _, tc := range []struct {

@@ -98,7 +98,7 @@ func TestGitHubPing(t *testing.T) {
 	e := newEnv(t, handler.Config{Source: "github", Provider: p}, nil)
 	e.post(p, `{"zen":"Keep it logically awesome.","hook_id":1}`, "X-GitHub-Delivery", "d-ping", "X-GitHub-Event", "ping").
 		want(t, 200, "status", "ping")
-	// With the replay guard on (GitHub's default), the ping's key and body
+	// With the body dedupe on (GitHub's default), the ping's key and body
 	// hash are recorded; nothing else runs.
 	e.wantCounts(1, 0)
 	// A ping is still verified.
@@ -149,17 +149,17 @@ func TestReplayGuard(t *testing.T) {
 			handler.Provider
 			handler.Signer
 		}
-		guard      handler.ReplayGuard
+		guard      handler.BodyDedupeMode
 		first, rep []string
 		wantReplay bool
 	}{
-		{"github default", gh, handler.ReplayGuardAuto,
+		{"github default", gh, handler.BodyDedupeAuto,
 			[]string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
 			[]string{"X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push"}, true},
-		{"shopify default", shop, handler.ReplayGuardAuto,
+		{"shopify default", shop, handler.BodyDedupeAuto,
 			[]string{"X-Shopify-Event-Id", "ev-1", "X-Shopify-Topic", "orders/create"},
 			[]string{"X-Shopify-Event-Id", "ev-2", "X-Shopify-Topic", "orders/create"}, true},
-		{"github off", gh, handler.ReplayGuardOff,
+		{"github off", gh, handler.BodyDedupeOff,
 			[]string{"X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push"},
 			[]string{"X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push"}, false},
 	} {
@@ -173,7 +173,7 @@ func TestReplayGuard(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				// The guard runs inside the delivery's transaction.
-				e := newEnv(t, handler.Config{Source: "src", Provider: tc.p, ReplayGuard: tc.guard},
+				e := newEnv(t, handler.Config{Source: "src", Provider: tc.p, BodyDedupe: tc.guard},
 					&txhook.Config{DedupeWithFirstStatement: first})
 				e.post(tc.p, body, tc.first...).want(t, 200, "status", "processed")
 				r := e.post(tc.p, body, tc.rep...)
@@ -182,7 +182,7 @@ func TestReplayGuard(t *testing.T) {
 					e.wantCounts(2, 2)
 					return
 				}
-				r.want(t, 200, "status", "replay")
+				r.want(t, 200, "status", "duplicate_body")
 				e.wantCounts(1, 1)
 				if !strings.Contains(e.logs.String(), "suspected replay") {
 					t.Error("replay not logged")
@@ -203,14 +203,14 @@ func TestReplayGuard(t *testing.T) {
 		e := newEnv(t, handler.Config{Source: "gh", Provider: gh},
 			&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{"": record})})
 		e.post(gh, body, "X-GitHub-Delivery", "d-1", "X-GitHub-Event", "push").want(t, 200, "status", "processed")
-		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+		e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "duplicate_body")
 		e.wantCounts(1, 1)
 	})
 	t.Run("stripe opt in", func(t *testing.T) {
 		t.Parallel()
 		// Stripe bodies carry their id, so the guard is off by default;
 		// switched on, it stores hashes and finds nothing to block.
-		e, p := stripeEnv(t, handler.Config{ReplayGuard: handler.ReplayGuardOn}, nil)
+		e, p := stripeEnv(t, handler.Config{BodyDedupe: handler.BodyDedupeOn}, nil)
 		e.post(p, stripeEvent("evt_a", "invoice.paid")).want(t, 200, "status", "processed")
 		var n int
 		if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM txhook_processed_events WHERE payload_hash IS NOT NULL`).Scan(&n); err != nil || n != 1 {
@@ -247,7 +247,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative limit": func(c *handler.Config) { c.MaxBodyBytes = -1 },
 		// Every delivery would be acknowledged and none applied.
 		"source without routes": func(c *handler.Config) { c.Source = "other" },
-		"unknown guard":         func(c *handler.Config) { c.ReplayGuard = 9 },
+		"unknown guard":         func(c *handler.Config) { c.BodyDedupe = 9 },
 	} {
 		c := ok
 		mutate(&c)
@@ -347,7 +347,7 @@ func TestReplayGuardConcurrent(t *testing.T) {
 	release.free()
 	wg.Wait()
 	answers["d-1"].want(t, 200, "status", "processed")
-	answers["d-2"].want(t, 200, "status", "replay")
+	answers["d-2"].want(t, 200, "status", "duplicate_body")
 	e.wantCounts(1, 1)
 }
 
@@ -368,7 +368,7 @@ func TestDefaultBodyLimit(t *testing.T) {
 }
 
 // TestReplayGuardWaitIsBounded: a second body-identical delivery under
-// another key waits at most ReplayLockTimeout for the first, then is
+// another key waits at most BodyDedupeLockTimeout for the first, then is
 // answered in flight (never 2xx) with nothing written; once the first has
 // committed, its retry is answered as a replay.
 func TestReplayGuardWaitIsBounded(t *testing.T) {
@@ -376,7 +376,7 @@ func TestReplayGuardWaitIsBounded(t *testing.T) {
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started := make(chan struct{})
 	var release *released // set once the server runs
-	e := newEnv(t, handler.Config{Source: "gh", Provider: gh, ReplayLockTimeout: 100 * time.Millisecond},
+	e := newEnv(t, handler.Config{Source: "gh", Provider: gh, BodyDedupeLockTimeout: 100 * time.Millisecond},
 		&txhook.Config{Routes: routesFor("gh", map[string]txhook.HandlerFunc{
 			"push": func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 				if ev.Key == "d-1" {
@@ -423,6 +423,6 @@ func TestReplayGuardWaitIsBounded(t *testing.T) {
 		t.Fatal("first delivery did not answer")
 	}
 	e.wantCounts(1, 1)
-	e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "replay")
+	e.post(gh, body, "X-GitHub-Delivery", "d-2", "X-GitHub-Event", "push").want(t, 200, "status", "duplicate_body")
 	e.wantCounts(1, 1)
 }

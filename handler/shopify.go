@@ -38,7 +38,7 @@ func (s *Shopify) KeyUnsigned() bool { return true }
 
 // SharedBodies reports true: Shopify can send one change under several
 // topics (products/create and products/update) with byte-identical bodies,
-// so the replay guard tells Shopify deliveries apart by topic and body.
+// so the body dedupe tells Shopify deliveries apart by topic and body.
 func (s *Shopify) SharedBodies() bool { return true }
 
 // Verify implements Provider.

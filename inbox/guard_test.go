@@ -14,9 +14,9 @@ import (
 )
 
 // TestReplayGuardOnInboxRoutes: GitHub's delivery id is not signed, so the
-// endpoint's replay guard is on, and an inbox route runs its check in the
+// endpoint's body dedupe is on, and an inbox route runs its check in the
 // accepting transaction. A captured push sent again under fresh delivery ids,
-// one after the other and then several at once, is answered "replay"
+// one after the other and then several at once, is answered "duplicate_body"
 // (or in flight while another delivery of the body holds the guard's lock):
 // nothing is queued for the fresh ids, and the push is applied once.
 func TestReplayGuardOnInboxRoutes(t *testing.T) {
@@ -38,14 +38,14 @@ func TestReplayGuardOnInboxRoutes(t *testing.T) {
 			if code, answer := deliverBody(t, srv, "d-1", body); code != http.StatusAccepted {
 				t.Fatalf("first delivery: %d %s, want 202", code, answer)
 			}
-			if code, answer := deliverBody(t, srv, "d-2", body); code != http.StatusOK || status(answer) != "replay" {
+			if code, answer := deliverBody(t, srv, "d-2", body); code != http.StatusOK || status(answer) != "duplicate_body" {
 				t.Errorf("the body again under d-2: %d %s, want 200 replay", code, answer)
 			}
 			var wg sync.WaitGroup
 			for _, key := range []string{"d-3", "d-4", "d-5", "d-6"} {
 				wg.Go(func() {
 					code, answer := deliverBody(t, srv, key, body)
-					if !(code == http.StatusOK && status(answer) == "replay") && code != http.StatusConflict {
+					if !(code == http.StatusOK && status(answer) == "duplicate_body") && code != http.StatusConflict {
 						t.Errorf("the body again under %s, concurrently: %d %s, want 200 replay or 409 in flight", key, code, answer)
 					}
 				})

@@ -1,5 +1,5 @@
 -- name: LockAndFindPayloadHash :one
--- The replay guard's check, in the transaction that records the delivery (or claims it, or holds
+-- The body dedupe's check, in the transaction that records the delivery (or claims it, or holds
 -- the guard's lock while another route runs); see txhook_find_replay in migrations. Returns ''
 -- when no other key has the hash.
 SELECT coalesce(txhook_find_replay(

@@ -245,7 +245,7 @@ func TestReplayedBodyUnderNewDeliveryID(t *testing.T) {
 	want(t, s, o, 202, "queued")
 	// A captured body and signature sent again with a fresh delivery id.
 	s, o = f.deliver(t, "d-forged", "push", testSecret, body)
-	want(t, s, o, 200, "replay")
+	want(t, s, o, 200, "duplicate_body")
 	f.waitStatus(t, "d-orig", txhook.StatusDone)
 	if r := f.repo(t); r.PushCount != 1 {
 		t.Fatalf("push_count = %d after a replay, want 1", r.PushCount)
@@ -261,7 +261,7 @@ func TestPingOtherTypesAndRejects(t *testing.T) {
 	want(t, s, o, 200, "ignored")
 	s, o = f.deliver(t, "d-bad", "push", "wrong-secret", pushBody(t, "ddd444", 1))
 	want(t, s, o, 400, "bad_signature")
-	// The replay guard records the ping's and the ignored delivery's keys
+	// The body dedupe records the ping's and the ignored delivery's keys
 	// and body hashes, so that neither body can come back as a push; no
 	// business row is written.
 	if n := f.rows(t); n != 2 {

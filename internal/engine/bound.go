@@ -31,7 +31,7 @@ const (
 // a NOWAIT's refusal fails at once, whatever the bound, and is the
 // statement's own). Without the bound, such a statement could have waited
 // longer. txhook's own functions that set their own lock_timeout answer
-// with SQLSTATEs of their own (the replay guard's P0T02), not 55P03.
+// with SQLSTATEs of their own (the body dedupe's P0T02), not 55P03.
 func boundCut(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && pgErr.Code == pgerrcode.LockNotAvailable && pgErr.Routine == "ProcessInterrupts"

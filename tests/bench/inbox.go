@@ -169,7 +169,7 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	endpoint := func(proc *txhook.Processor) (*httptest.Server, error) {
 		ep, err := handler.New(proc, &handler.Config{
 			Source: "github", Provider: &handler.GitHub{Secrets: []string{b.secret}},
-			Logger: quiet, ReplayGuard: handler.ReplayGuardOff,
+			Logger: quiet, BodyDedupe: handler.BodyDedupeOff,
 		})
 		if err != nil {
 			return nil, err

@@ -188,7 +188,7 @@ func (r *report) markdown() string {
 	p("  transaction: its own event-id insert ON CONFLICT DO NOTHING, then the same writes), as a separate process with")
 	p("  a pool of c connections and the same load generator. It logs nothing.")
 	p("- **%s**, **%s**: GitHub-signed pushes (one insert each) posted to one endpoint served in this process", scenInboxAccept, scenInboxSync)
-	p("  (httptest; replay guard off), whose push route is inbox mode's accept (the event row and a River job in one")
+	p("  (httptest; body dedupe off), whose push route is inbox mode's accept (the event row and a River job in one")
 	p("  transaction, answered 202; no worker runs) or the synchronous route (applied before the 200).")
 	p("- **%s**: the same endpoint with River's workers running in this process; each client waits, after", scenInboxE2E)
 	p("  the 202, until its push's job has committed the apply: the rate and latency from accept to applied.")
