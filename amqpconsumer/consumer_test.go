@@ -3,7 +3,6 @@ package amqpconsumer_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -121,7 +120,7 @@ func (b *bundle) consumer(t *testing.T, p *txhook.Processor, cfg amqpconsumer.Co
 		cfg.RetryBase, cfg.RetryMax = 20*time.Millisecond, 100*time.Millisecond
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
 	c, err := amqpconsumer.New(p, &cfg)
 	if err != nil {
@@ -277,17 +276,34 @@ func TestTypeFromRoutingKeySurvivesRetries(t *testing.T) {
 		return effect(ctx, tx, ev)
 	})
 	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{TypeFromRoutingKey: true})
-	b.publish(t, amqp.Publishing{MessageId: "evt_rk", Type: "ignored.property", Body: []byte(`{}`)})
+	exchange := b.queue + ".x"
+	if err := b.pub.ExchangeDeclare(exchange, amqp.ExchangeTopic, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pub.QueueBind(b.queue, "order.#", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	dc, err := b.pub.PublishWithDeferredConfirmWithContext(ctx, exchange, "order.created", true, false,
+		amqp.Publishing{MessageId: "evt_rk", Type: "ignored.property", DeliveryMode: amqp.Persistent, Body: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("publish not confirmed: %v %v", ok, err)
+	}
 	eventually(t, "evt_rk is applied", func() bool { return b.status(t, "evt_rk") == "done" })
 	var typ string
 	if err := b.db.Pool.QueryRow(t.Context(), "SELECT type FROM effects WHERE key = 'evt_rk'").Scan(&typ); err != nil {
 		t.Fatal(err)
 	}
-	// Published to the default exchange under the queue's name; delivered
-	// again from a retry queue, its first routing key is kept.
-	if typ != b.queue {
-		t.Fatalf("type %q, want the routing key %q", typ, b.queue)
+	// Delivered again from a retry queue, under the queue's name: the
+	// routing key it was published with is kept.
+	if typ != "order.created" || calls.Load() != 2 {
+		t.Fatalf("type %q after %d calls, want the routing key order.created after 2", typ, calls.Load())
 	}
+	b.settled(t)
 }
 
 func TestHandlerErrorThenSuccess(t *testing.T) {
@@ -645,3 +661,7 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Logf("%s", p); return len(p), nil }
