@@ -35,6 +35,7 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/txhook/txhook/examples/github-pushes v0.0.0
+	github.com/txhook/txhook/examples/stripe-orders v0.0.0-00010101000000-000000000000
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
@@ -44,3 +45,5 @@ replace github.com/txhook/txhook/examples/github-pushes => ../examples/github-pu
 replace github.com/txhook/txhook/inbox => ../inbox
 
 replace github.com/txhook/txhook/amqpconsumer => ../amqpconsumer
+
+replace github.com/txhook/txhook/examples/stripe-orders => ../examples/stripe-orders
