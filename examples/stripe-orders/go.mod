@@ -9,7 +9,9 @@ replace (
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/txhook/txhook v0.0.0-00010101000000-000000000000
+	github.com/txhook/txhook/amqpconsumer v0.0.0-00010101000000-000000000000
 )
 
 require (
