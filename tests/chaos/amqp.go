@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txhook/txhook"
@@ -175,15 +175,17 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	logf("stripe-orders consuming %s on %s; publishing %d events (%d publisher retries), %d kills",
 		ordersQueue, brokerURL, len(p.events), p.duplicates, cfg.Kills)
 
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	// A pool, not a connection: PostgreSQL's restart ends the connection
+	// the watch is on, and the pool opens another.
+	watch, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return res, fmt.Errorf("connect to watch the database: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer watch.Close()
 	var applied atomic.Int64
 	countApplied := func() {
 		var n int64
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM txhook_processed_events
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM txhook_processed_events
 			WHERE source = 'stripe' AND starts_with(event_key, $1) AND status = 'done'`, "evt_"+tag+"_").Scan(&n); err == nil {
 			applied.Store(n)
 		}
