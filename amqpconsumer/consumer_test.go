@@ -3,6 +3,7 @@ package amqpconsumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -665,3 +666,104 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Logf("%s", p); return len(p), nil }
+
+// The broker restarts mid-stream (a node of the test's own: the machine's
+// is shared): the consumer reconnects and resumes, and every message is
+// applied once, none left in the queues.
+func TestBrokerRestartedMidStream(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if !rabbitnode.Available() {
+		rabbittest.NoBroker(t, errors.New("rabbitmq-server is not installed"))
+	}
+	node, err := rabbitnode.Start(ctx)
+	if err != nil {
+		rabbittest.NoBroker(t, err)
+	}
+	t.Cleanup(node.Stop)
+	b := &bundle{db: testdb.New(t), node: node, url: node.URL, queue: "restarted"}
+	if _, err := b.db.Pool.Exec(t.Context(), `CREATE TABLE effects (key text NOT NULL, type text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	rs := txhook.NewRoutes()
+	rs.Transactional("orders", "order.created", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		time.Sleep(5 * time.Millisecond) // a stream that takes a while
+		return effect(ctx, tx, ev)
+	})
+	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{Prefetch: 4})
+	const n = 200
+	for i := range n {
+		if i == n/4 {
+			eventually(t, "the first messages are applied", func() bool {
+				return b.status(t, fmt.Sprintf("evt_%d", n/8)) == "done"
+			})
+			t0 := time.Now()
+			if err := node.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("broker restarted in %s", time.Since(t0).Round(100*time.Millisecond))
+		}
+		for { // a publisher dials again after the restart and publishes again what was not confirmed
+			if b.pub == nil || b.pub.IsClosed() {
+				if err := b.redial(); err != nil {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+			}
+			if b.tryPublish(ctx, amqp.Publishing{MessageId: fmt.Sprintf("evt_%d", i), Type: "order.created", Body: []byte(`{}`)}) == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	eventually(t, "every message is applied", func() bool {
+		var done int
+		if err := b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM txhook_processed_events WHERE status = 'done'").Scan(&done); err != nil {
+			t.Fatal(err)
+		}
+		return done == n
+	})
+	b.settled(t)
+	var rows, keys int
+	if err := b.db.Pool.QueryRow(t.Context(), "SELECT count(*), count(DISTINCT key) FROM effects").Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n || keys != n {
+		t.Fatalf("%d effects of %d keys, want %d, each once", rows, keys, n)
+	}
+}
+
+// redial opens the publisher's connection again.
+func (b *bundle) redial() error {
+	conn, err := amqp.Dial(b.url)
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	b.conn, b.pub = conn, ch
+	return nil
+}
+
+// tryPublish publishes p to the test's queue and waits for its
+// confirmation.
+func (b *bundle) tryPublish(ctx context.Context, p amqp.Publishing) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p.DeliveryMode = amqp.Persistent
+	dc, err := b.pub.PublishWithDeferredConfirmWithContext(ctx, "", b.queue, true, false, p)
+	if err != nil {
+		return err
+	}
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		return fmt.Errorf("not confirmed: %v", err)
+	}
+	return nil
+}
