@@ -186,12 +186,12 @@ func New(proc *txhook.Processor, cfg *Config) (*Consumer, error) {
 // (ctx bounds it). Then the consumer runs in the background until Stop: a
 // connection that drops is dialled again with backoff (100ms doubling to
 // 10s), the queues declared again and the consumer resumed. Start may be
-// called once.
+// called once, and not after Stop.
 func (c *Consumer) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.started {
-		return errors.New("amqpconsumer: start: already started")
+	if c.started || c.stopping() {
+		return errors.New("amqpconsumer: start: already started or stopped")
 	}
 	c.work, c.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	s, err := c.connect(ctx)

@@ -72,7 +72,9 @@
 // counting its attempts, and once the broker confirmed the copy (publisher
 // confirms) the message is acknowledged. The copy comes back to Q after the
 // wait. A consumer that dies between the two leaves both: the redelivery of
-// the one already applied is a duplicate. A wait is rounded down to a
+// the one already applied is a duplicate; a copy the broker does not
+// confirm leaves the message to the broker, given back to Q at once (a
+// nack, counted as a delivery by the quorum queue). A wait is rounded down to a
 // power of two (of milliseconds below a second, of seconds above), so that
 // the messages of one retry queue expire in the order they arrived (a
 // queue expires messages at its head only): a wait of 5 minutes waits 256

@@ -75,29 +75,18 @@ func (c *Consumer) eventType(d amqp.Delivery) string {
 }
 
 // retry publishes a copy of d, marked as its attempt-th, to the retry queue
-// of wait, and acknowledges d once the broker confirmed the copy. A copy
-// that cannot be published leaves d to the broker: it is given back to the
-// queue at once.
+// of wait, and acknowledges d once the broker confirmed the copy.
 func (c *Consumer) retry(ctx context.Context, s *session, d amqp.Delivery, attempt int, wait time.Duration) error {
 	q, err := s.retryQueue(retryWait(wait))
-	if err == nil {
-		p := copyOf(d)
-		p.Headers[headerAttempt] = int64(attempt)
-		if _, ok := p.Headers[headerRoutingKey]; !ok {
-			p.Headers[headerRoutingKey] = d.RoutingKey
-		}
-		err = s.publish(ctx, q, p)
-	}
 	if err != nil {
-		if nerr := d.Nack(false, true); nerr != nil {
-			return fmt.Errorf("retry: %w; give the message back: %w", err, nerr)
-		}
-		return fmt.Errorf("retry (given back to the queue at once): %w", err)
+		return giveBack(d, fmt.Errorf("retry: %w", err))
 	}
-	if err := d.Ack(false); err != nil {
-		return fmt.Errorf("acknowledge after publishing the retry copy: %w", err)
+	p := copyOf(d)
+	p.Headers[headerAttempt] = int64(attempt)
+	if _, ok := p.Headers[headerRoutingKey]; !ok {
+		p.Headers[headerRoutingKey] = d.RoutingKey
 	}
-	return nil
+	return moveTo(ctx, s, d, q, p)
 }
 
 // deadLetter publishes a copy of d to the dead-letter queue, with why in
@@ -108,16 +97,29 @@ func (c *Consumer) deadLetter(ctx context.Context, s *session, d amqp.Delivery, 
 	if why != nil {
 		p.Headers[headerError] = why.Error()
 	}
-	if err := s.publish(ctx, c.cfg.DeadLetterQueue, p); err != nil {
-		if nerr := d.Nack(false, true); nerr != nil {
-			return fmt.Errorf("dead-letter: %w; give the message back: %w", err, nerr)
-		}
-		return fmt.Errorf("dead-letter (given back to the queue at once): %w", err)
+	return moveTo(ctx, s, d, c.cfg.DeadLetterQueue, p)
+}
+
+// moveTo publishes p, d's copy, to queue and acknowledges d once the broker
+// confirmed the copy: only then is the copy the broker's to keep. A copy
+// that cannot be published leaves d to the broker.
+func moveTo(ctx context.Context, s *session, d amqp.Delivery, queue string, p amqp.Publishing) error {
+	if err := s.publish(ctx, queue, p); err != nil {
+		return giveBack(d, err)
 	}
 	if err := d.Ack(false); err != nil {
-		return fmt.Errorf("acknowledge after publishing the dead-letter copy: %w", err)
+		return fmt.Errorf("acknowledge after publishing its copy to %q: %w", queue, err)
 	}
 	return nil
+}
+
+// giveBack returns d to its queue at once (a nack with requeue), after
+// err: what could not move it to a retry or dead-letter queue.
+func giveBack(d amqp.Delivery, err error) error {
+	if nerr := d.Nack(false, true); nerr != nil {
+		return fmt.Errorf("%w; give the message back: %w", err, nerr)
+	}
+	return fmt.Errorf("%w (given back to the queue at once)", err)
 }
 
 // copyOf is d as a persistent message to publish again: its properties
