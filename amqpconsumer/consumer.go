@@ -185,7 +185,7 @@ func New(proc *txhook.Processor, cfg *Config) (*Consumer, error) {
 // starts consuming; it returns an error when that first connection fails
 // (ctx bounds it). Then the consumer runs in the background until Stop: a
 // connection that drops is dialled again with backoff (100ms doubling to
-// 10s), the queues declared again and the consumer resumed. Start may be
+// 5s), the queues declared again and the consumer resumed. Start may be
 // called once, and not after Stop.
 func (c *Consumer) Start(ctx context.Context) error {
 	c.mu.Lock()
@@ -246,7 +246,7 @@ func (c *Consumer) stopping() bool {
 // Reconnection backoff bounds.
 const (
 	redialBase = 100 * time.Millisecond
-	redialMax  = 10 * time.Second
+	redialMax  = 5 * time.Second
 )
 
 // run serves s and every session after it until Stop.

@@ -191,7 +191,13 @@ func (b *bundle) status(t *testing.T, key string) string {
 // eventually polls cond until it holds, failing t after waitBound.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitBound)
+	eventuallyWithin(t, waitBound, what, cond)
+}
+
+// eventuallyWithin polls cond until it holds, failing t after bound.
+func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)
@@ -717,7 +723,9 @@ func TestBrokerRestartedMidStream(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	eventually(t, "every message is applied", func() bool {
+	// The consumer dials again with backoff (at most 5s between tries)
+	// while the node restarts, and the node's start takes seconds.
+	eventuallyWithin(t, 30*time.Second, "every message is applied", func() bool {
 		var done int
 		if err := b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM txhook_processed_events WHERE status = 'done'").Scan(&done); err != nil {
 			t.Fatal(err)

@@ -122,7 +122,7 @@
 // could acknowledge another message on the new one. When the connection or
 // the channel closes, the consumer waits for the messages it is applying
 // (their acknowledgements can no longer reach the broker), dials again with
-// backoff (100ms doubling to 10s), declares the queues and consumes again.
+// backoff (100ms doubling to 5s), declares the queues and consumes again.
 // The broker delivers the unacknowledged messages again; those whose
 // effects committed are answered duplicate.
 //
