@@ -18,9 +18,12 @@ import (
 	"github.com/txhook/txhook/txhooktest"
 )
 
-// githubPushesDir is the github-pushes example, a module of its own (it
-// runs River), relative to the repository's root.
-const githubPushesDir = "examples/github-pushes"
+// The github-pushes example, a module of its own (it runs River): its
+// folder, relative to the repository's root, and its package.
+const (
+	githubPushesDir = "examples/github-pushes"
+	githubPushesPkg = "github.com/txhook/txhook/examples/github-pushes"
+)
 
 // githubSecret is the webhook secret the demo signs GitHub pushes with.
 const githubSecret = "github_demo_secret"
@@ -35,19 +38,24 @@ const githubCrashPoint = txhooktest.CrashInboxAfterHandler
 // after the death) and the job's try is older than twice its timeout.
 const appliedWait = 90 * time.Second
 
-// buildGitHubPushes builds the github-pushes example into dir and returns
-// its binary.
-func buildGitHubPushes(ctx context.Context, dir string) (string, error) {
+// buildExample builds pkgs of the example module at exampleDir (relative
+// to the repository's root) into dir, with one go build, and returns each
+// binary's path by package.
+func buildExample(ctx context.Context, dir, exampleDir string, pkgs ...string) (map[string]string, error) {
 	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
-		return "", fmt.Errorf("find the repository (go list -m): %w", err)
+		return nil, fmt.Errorf("find the repository (go list -m): %w", err)
 	}
-	bin := filepath.Join(dir, "github-pushes")
-	src := filepath.Join(strings.TrimSpace(string(root)), githubPushesDir)
-	if out, err := exec.CommandContext(ctx, "go", "build", "-C", src, "-o", bin, ".").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %w\n%s", githubPushesDir, err, out)
+	src := filepath.Join(strings.TrimSpace(string(root)), exampleDir)
+	args := append([]string{"build", "-C", src, "-o", dir + string(filepath.Separator)}, pkgs...)
+	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build %s: %w\n%s", exampleDir, err, out)
 	}
-	return bin, nil
+	bins := make(map[string]string, len(pkgs))
+	for _, p := range pkgs {
+		bins[p] = filepath.Join(dir, filepath.Base(p))
+	}
+	return bins, nil
 }
 
 // push is one of the chapter's GitHub pushes.

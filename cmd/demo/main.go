@@ -33,7 +33,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/pgcluster"
 )
 
@@ -81,15 +80,16 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(out, "  Building the stripe-orders example and, for comparison, a naive receiver (go build).")
-	bins, err := childproc.Build(ctx, dir, stripeOrdersPkg, naiveReceiverPkg)
+	bins, err := buildExample(ctx, dir, stripeOrdersDir, stripeOrdersPkg, naiveReceiverPkg)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "  Building the github-pushes example (inbox mode, on River).")
-	githubBin, err := buildGitHubPushes(ctx, dir)
+	githubBins, err := buildExample(ctx, dir, githubPushesDir, githubPushesPkg)
 	if err != nil {
 		return err
 	}
+	githubBin := githubBins[githubPushesPkg]
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {

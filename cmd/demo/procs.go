@@ -8,10 +8,12 @@ import (
 )
 
 // Packages the demo builds and runs as separate processes, so that a crash
-// is a real process exit.
+// is a real process exit, from the stripe-orders example's module (at
+// stripeOrdersDir, relative to the repository's root).
 const (
+	stripeOrdersDir  = "examples/stripe-orders"
 	stripeOrdersPkg  = "github.com/txhook/txhook/examples/stripe-orders"
-	naiveReceiverPkg = "github.com/txhook/txhook/cmd/demo/naivereceiver"
+	naiveReceiverPkg = "github.com/txhook/txhook/examples/stripe-orders/naivereceiver"
 )
 
 // server is a receiver running as a child process.

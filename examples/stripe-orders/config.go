@@ -22,6 +22,11 @@ type config struct {
 	// /txhook/ behind HTTP basic auth, user admin, with this password
 	// (CONSOLE_PASSWORD). Optional: without it there is no console.
 	ConsolePassword string
+	// AMQPURL, when set, is a RabbitMQ broker whose queue orders the
+	// example also consumes (AMQP_URL): each message a Stripe event, its id
+	// in the message-id property and its type in the type property.
+	// Optional.
+	AMQPURL string
 }
 
 // defaultAddr is the listen address when ADDR is unset.
@@ -37,6 +42,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL")),
 		// Not trimmed: a password's spaces are its own.
 		ConsolePassword: getenv("CONSOLE_PASSWORD"),
+		AMQPURL:         strings.TrimSpace(getenv("AMQP_URL")),
 	}
 	if c.Addr == "" {
 		c.Addr = defaultAddr
@@ -52,6 +58,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		u, err := url.Parse(c.FulfillmentURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			problems = append(problems, "FULFILLMENT_URL must be an http:// or https:// URL")
+		}
+	}
+	if c.AMQPURL != "" {
+		u, err := url.Parse(c.AMQPURL)
+		if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			problems = append(problems, "AMQP_URL must be an amqp:// or amqps:// URL, e.g. amqp://guest:guest@127.0.0.1:5672/")
 		}
 	}
 	if len(problems) > 0 {

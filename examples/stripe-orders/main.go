@@ -22,6 +22,10 @@
 //	FULFILLMENT_URL        fulfillment service for payment_intent.succeeded (optional)
 //	CONSOLE_PASSWORD       serves txhook's operator console at /txhook/, HTTP basic
 //	                       auth with user admin and this password (optional)
+//	AMQP_URL               also consumes the RabbitMQ queue orders (declared if
+//	                       missing): each message a Stripe event JSON body, its id
+//	                       in the message-id property, its type in the type
+//	                       property (optional)
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // Run it with:
@@ -95,9 +99,24 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		return err
 	}
 	defer pool.Close()
-	h, err := newHandler(pool, cfg, log)
+	h, proc, err := newHandler(pool, cfg, log)
 	if err != nil {
 		return err
+	}
+	// The queue's consumer starts before the server listens: a broker
+	// that cannot be reached fails the start.
+	if cfg.AMQPURL != "" {
+		c, err := startConsumer(ctx, proc, cfg.AMQPURL, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := c.Stop(sctx); err != nil {
+				log.Error("stop the queue's consumer", "error", err)
+			}
+		}()
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

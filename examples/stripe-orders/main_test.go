@@ -25,6 +25,7 @@ import (
 	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/pgtrace"
+	"github.com/txhook/txhook/internal/rabbittest"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
 )
@@ -38,7 +39,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	testdb.Main(m)
+	rabbittest.Main(m) // testdb's PostgreSQL, and a RabbitMQ node if the tests started one
 }
 
 // template is a database with txhook's migrations and the example's.
@@ -58,15 +59,16 @@ const testSecret = "whsec_test_secret"
 // fixture is the example's real handler wiring on a private database,
 // served by an httptest server.
 type fixture struct {
-	db  *testdb.DB
-	q   *ordersdb.Queries
-	url string
+	db   *testdb.DB
+	q    *ordersdb.Queries
+	url  string
+	proc *txhook.Processor
 }
 
 func setup(t *testing.T, fulfillmentURL string) *fixture {
 	t.Helper()
 	tdb := testdb.New(t, template)
-	h, err := newHandler(tdb.Pool, config{
+	h, proc, err := newHandler(tdb.Pool, config{
 		DatabaseURL:    tdb.URL,
 		WebhookSecret:  testSecret,
 		FulfillmentURL: fulfillmentURL,
@@ -76,7 +78,7 @@ func setup(t *testing.T, fulfillmentURL string) *fixture {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &fixture{db: tdb, q: ordersdb.New(tdb.Pool), url: srv.URL + "/webhooks/stripe"}
+	return &fixture{db: tdb, q: ordersdb.New(tdb.Pool), url: srv.URL + "/webhooks/stripe", proc: proc}
 }
 
 // stripeEventBody returns a Stripe event's JSON.
@@ -431,6 +433,14 @@ func TestLoadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "FULFILLMENT_URL") {
 		t.Fatalf("bad FULFILLMENT_URL: err = %v", err)
 	}
+	_, err = loadConfig(env("DATABASE_URL", "postgres://x", "STRIPE_WEBHOOK_SECRET", "whsec_a", "AMQP_URL", "http://127.0.0.1:5672/"))
+	if err == nil || !strings.Contains(err.Error(), "AMQP_URL") {
+		t.Fatalf("bad AMQP_URL: err = %v", err)
+	}
+	c, err = loadConfig(env("DATABASE_URL", "postgres://x", "STRIPE_WEBHOOK_SECRET", "whsec_a", "AMQP_URL", " amqp://guest:guest@127.0.0.1:5672/ "))
+	if err != nil || c.AMQPURL != "amqp://guest:guest@127.0.0.1:5672/" {
+		t.Fatalf("AMQP_URL: %+v, %v", c, err)
+	}
 	if got := splitSecrets(" whsec_a, ,whsec_b "); len(got) != 2 || got[0] != "whsec_a" || got[1] != "whsec_b" {
 		t.Fatalf("splitSecrets = %q", got)
 	}
@@ -443,7 +453,7 @@ func TestLoadConfig(t *testing.T) {
 func TestCheckoutRoundTrips(t *testing.T) {
 	tdb := testdb.New(t, template)
 	pool, rt := pgtrace.Pool(t, tdb.URL)
-	h, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, _, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,12 @@ const source = "stripe"
 // verified with the endpoint's signing secret and applied through a txhook
 // processor on pool; and, when cfg.ConsolePassword is set, txhook's
 // operator console at /txhook/ behind HTTP basic auth (user admin), whose
-// Replay runs the same routes.
-func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, error) {
+// Replay runs the same routes. It returns the processor too, for the queue's
+// consumer (main.go).
+func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, *txhook.Processor, error) {
 	proc, err := newProcessor(pool, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   source,
@@ -35,7 +36,7 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		Logger:   log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("new endpoint: %w", err)
+		return nil, nil, fmt.Errorf("new endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/stripe", ep)
@@ -47,11 +48,11 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 			Logger:      log,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("new console: %w", err)
+			return nil, nil, fmt.Errorf("new console: %w", err)
 		}
 		mux.Handle("/txhook/", http.StripPrefix("/txhook", basicAuth(consoleUser, cfg.ConsolePassword, console)))
 	}
-	return mux, nil
+	return mux, proc, nil
 }
 
 // newProcessor returns the example's txhook processor on pool, with its

@@ -81,14 +81,18 @@ var (
 
 // Main runs the tests and then stops the throwaway cluster, if one was
 // started. Call it from TestMain: func TestMain(m *testing.M) { testdb.Main(m) }.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run runs the tests, stops the throwaway cluster if one was started, and
+// returns the exit code: for a TestMain that has more to stop afterwards.
+func Run(m *testing.M) int {
 	code := m.Run()
 	if srv.cluster != nil {
 		if err := srv.cluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "testdb:", err)
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // ServerURL returns the URL of the test server's maintenance database,

@@ -17,7 +17,10 @@
 //   - baseline HTTP: a hand-written pgx receiver doing the same work;
 //   - inbox mode: its accept rate over HTTP beside the synchronous route on
 //     the same endpoint, its rate and latency from accept to applied, and
-//     River's own rate (one empty job per transaction) on the same database.
+//     River's own rate (one empty job per transaction) on the same database;
+//   - txhook AMQP consumer: amqpconsumer applying checkout events published
+//     to RabbitMQ, publish to ack, beside a hand-written consumer on the same
+//     client and broker.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
 // durability settings (fsync, synchronous_commit and full_page_writes on).
@@ -35,6 +38,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/txhook/txhook/internal/rabbitnode"
 )
 
 func main() {
@@ -53,6 +58,7 @@ func main() {
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
+	flag.BoolVar(&o.amqp, "amqp", true, "also measure the RabbitMQ consumer beside a hand-written one (the machine's broker, or a node of the run's own)")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
@@ -116,6 +122,9 @@ type options struct {
 	profile  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
+	// amqp adds the RabbitMQ rows, on amqpNode.
+	amqp     bool
+	amqpNode *rabbitnode.Node
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
 	scale         bool

@@ -197,6 +197,12 @@ func (r *report) markdown() string {
 	p("  in batches). The two rows with workers each run their River client only while they are measured (fetch")
 	p("  cooldown 1 ms, River's shortest; poll interval 2 ms, since River wakes a queue's workers at most once per")
 	p("  cooldown and a job inserted sooner waits for the next poll).")
+	p("- **%s**, **%s**: checkout events published to RabbitMQ (persistent, the event id in", scenAMQP, scenAMQPBaseline)
+	p("  `message-id`), one quorum queue per row, each client waiting until the consumer, in this process, has applied and")
+	p("  acknowledged its event: the latency is publish to ack after COMMIT, c the messages in flight (the prefetch). The")
+	p("  txhook row is amqpconsumer with the example's handler and configuration; the hand-written one is the usual consumer")
+	p("  on the same client: its own event-id insert ON CONFLICT DO NOTHING and the same writes in one pgx transaction, then")
+	p("  the ack. CPU per event includes the publishers and the broker (the rest of the machine).")
 	p("")
 	p("Latencies are per event as the client sees them. Allocations per event are heap allocations (Go's runtime")
 	p("counters, as `-benchmem` reports them) in the process doing the work: the measuring process for the in-process rows,")
@@ -257,6 +263,7 @@ func (r *report) markdown() string {
 		{"inbox accept / sync route (HTTP)", scenInboxAccept, scenInboxSync},
 		{"inbox end to end / River empty jobs", scenInboxE2E, scenRiverEmpty},
 		{"River empty jobs / limit", scenRiverEmpty, scenLimit},
+		{"txhook AMQP consumer / hand-written AMQP consumer", scenAMQP, scenAMQPBaseline},
 	}
 	for _, row := range rows {
 		var vals []string
@@ -303,6 +310,11 @@ func (r *report) markdown() string {
 			p("- inbox accept p99 at concurrency %d: %s ms (target < 20 ms): %s", c, ms(x.P99), verdict)
 		}
 	}
+	for _, c := range r.opts.conc {
+		if _, ok := r.find(scenAMQP, c); ok {
+			target(fmt.Sprintf("txhook AMQP consumer at concurrency %d vs the hand-written one", c), r.ratio(scenAMQP, scenAMQPBaseline, c), amqpTarget)
+		}
+	}
 	r.explain(p)
 	r.explainInbox(p)
 	p("")
@@ -312,7 +324,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty, scenAMQP, scenAMQPBaseline} {
 		if _, ok := r.find(s, r.opts.conc[0]); !ok {
 			continue // not measured in this run
 		}

@@ -127,6 +127,14 @@ func run(ctx context.Context, o options) error {
 		logf("pgbench not found: no limit row, ratios left out")
 	}
 
+	if o.amqp && !o.onlyInbox {
+		node, stop, err := amqpBroker(ctx)
+		if err != nil {
+			return fmt.Errorf("RabbitMQ for the AMQP rows (or -amqp=false): %w", err)
+		}
+		defer stop()
+		o.amqpNode = node
+	}
 	for _, c := range o.conc {
 		cells, err := atConcurrency(ctx, o, dbURL, c, exampleBin, self, scripts, havePgbench)
 		if err != nil {
@@ -294,6 +302,14 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 			list = nil
 		}
 		list = append(list, inboxScenarios(o, c, ib)...)
+	}
+	if o.amqpNode != nil {
+		ab, err := newAMQPBench(ctx, o.amqpNode, dbURL, o.tag, c)
+		if err != nil {
+			return nil, fmt.Errorf("AMQP rows at concurrency %d: %w", c, err)
+		}
+		defer ab.stop()
+		list = append(list, amqpScenarios(o, c, ab)...)
 	}
 
 	rounds := map[string][]sample{}

@@ -11,11 +11,12 @@ import (
 
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
 	"github.com/txhook/txhook/internal/pgcluster"
+	"github.com/txhook/txhook/internal/rabbittest"
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/txhooktest"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) { rabbittest.Main(m) }
 
 // TestChaosShort is a short chaos run: a few hundred events with duplicates,
 // five SIGKILLs of the example, a crash point armed on some restarts, a

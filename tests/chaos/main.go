@@ -48,6 +48,14 @@
 // the example's own River workers. It reports how many pushes were not
 // answered 2xx: those a person or the sweeper must resend.
 //
+// With -amqp the example consumes the RabbitMQ queue orders instead
+// (AMQP_URL), on a broker node the run starts for itself: a publisher
+// publishes each of -events events (default 5,000) with its id, with
+// confirms, and some twice (a publisher's retry); the example is SIGKILLed
+// -kills times (default 24), sometimes restarted with a crash point armed,
+// the broker restarted once and PostgreSQL once. Every event must be
+// applied exactly once, and no message left in the queues.
+//
 // Run it with `make chaos`, or from the tests module: go run ./chaos -h.
 package main
 
@@ -82,6 +90,7 @@ func main() {
 	quiet := flag.Bool("q", false, "print only the summary line")
 	github := flag.Bool("github", false, "run the GitHub scenario: pushes delivered once, failures recovered by the redelivery sweeper")
 	inboxMode := flag.Bool("inbox", false, "run the inbox scenario: pushes delivered once, no sweeper; the receiver's River queue applies every push answered 2xx")
+	amqpMode := flag.Bool("amqp", false, "run the RabbitMQ scenario: events published with ids to the queue orders, consumed by the example (AMQP_URL); the broker (a node of the run's own) restarted once")
 	flag.Parse()
 	cfg.Seed = *seed
 	if !*quiet {
@@ -89,7 +98,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
-	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode)) {
+	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode || *amqpMode)) {
 		fmt.Fprintln(os.Stderr, "chaos: -receivers must be at least 1, and above 1 only in the Stripe scenario")
 		os.Exit(2)
 	}
@@ -99,6 +108,9 @@ func main() {
 	}
 	if *inboxMode {
 		scenario = runInboxMain
+	}
+	if *amqpMode {
+		scenario = runAMQPMain
 	}
 	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 // run's check catch a receiver that loses events).
 const (
 	stripeOrdersPkg  = "github.com/txhook/txhook/examples/stripe-orders"
-	naiveReceiverPkg = "github.com/txhook/txhook/cmd/demo/naivereceiver"
+	naiveReceiverPkg = "github.com/txhook/txhook/examples/stripe-orders/naivereceiver"
 )
 
 // launcher starts the example with a fixed environment on a fixed address.
