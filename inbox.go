@@ -42,25 +42,29 @@ const statusQueued = "queued"
 type EnqueueFunc func(ctx context.Context, tx pgx.Tx, ev Event) (jobID int64, err error)
 
 // Accept records ev as queued and enqueues its job, in one new transaction
-// on the Processor's database, in two round trips: enqueue's first
-// statement travels with BEGIN; the row's insert, with the job's id,
-// travels with COMMIT, so the row is written once. The payload and payload
-// hash are stored whatever Config.StorePayload says: the job reads the
-// payload from the row (its arguments name only the source and key).
+// on the Processor's database, in two round trips: a check that the key is
+// not recorded yet and enqueue's first statement travel with BEGIN; the
+// row's insert, with the job's id, travels with COMMIT, so the row is
+// written once. The payload and payload hash are stored whatever
+// Config.StorePayload says: the job reads the payload from the row (its
+// arguments name only the source and key).
 //
 // A nil error comes with one of the outcomes:
 //   - queued: the key was new; the row and the job are committed, and the
 //     sender may be acknowledged;
 //   - duplicate: the key exists, queued, in progress, done or failed; the
-//     insert answered so with COMMIT's round trip, and nothing was
-//     committed: the job enqueue inserted rolled back with the rest;
+//     check answered so in the first round trip, before the server ran
+//     enqueue's statement (a redelivery inserts no job and writes
+//     nothing), or, for a key recorded by a concurrent delivery meanwhile,
+//     the row's insert did with COMMIT's round trip; nothing was
+//     committed, and a job enqueue inserted rolled back with the rest;
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
 // Since enqueue runs before the key is known new, it must write only
 // through tx (River's InsertTx does).
 //
-// With a ReplayGuard, its check runs first in the transaction; its lock is
+// With a ReplayGuard, its check runs next, after the key's; its lock is
 // held until COMMIT, with which the row is inserted, so the next delivery
 // of the same body finds the row. A concurrent delivery of the same key
 // then waits at the guard's lock (bounded by ReplayGuard.LockTimeout, past
@@ -94,6 +98,14 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 	}
 	err := engine.Run(ctx, at, o, engine.Spec{
 		Body: func(ctx context.Context, tx pgx.Tx) error {
+			q := db.New(engine.Deferred(tx))
+			// A recorded key fails this check, which travels with BEGIN
+			// ahead of the next statement (the guard's, or the job's
+			// insert): the server skips what follows it in that round
+			// trip, so a redelivery inserts no job and writes nothing.
+			if err := q.CheckKeyNotRecorded(ctx, db.CheckKeyNotRecordedParams{Source: ev.Source, EventKey: ev.Key}); err != nil {
+				return err
+			}
 			if g != nil {
 				// The guard's lock is held until COMMIT, which the row
 				// travels with: the next delivery of the body sees the row.
@@ -105,7 +117,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
-			return db.New(engine.Deferred(tx)).QueueEventWithJob(ctx, db.QueueEventWithJobParams{
+			return q.QueueEventWithJob(ctx, db.QueueEventWithJobParams{
 				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type, Payload: ev.Payload,
 				PayloadHash: ev.PayloadHash, JobID: id, LockTimeout: p.lockTimeout,
 			})
@@ -115,7 +127,8 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *R
 		return Result{Outcome: OutcomeQueued}, nil
 	}
 	if de, ok := errors.AsType[*engine.DeferredError](err); ok {
-		// The row's insert, sent with COMMIT, answered: nothing committed.
+		// The key's check, sent with BEGIN, or the row's insert, sent with
+		// COMMIT, answered: nothing committed.
 		switch pgErr, _ := errors.AsType[*pgconn.PgError](de); {
 		case pgErr != nil && pgErr.Code == sqlstateKeyExists:
 			return Result{Outcome: OutcomeDuplicate}, nil
