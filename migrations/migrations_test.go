@@ -183,3 +183,51 @@ func TestUpFSAppliesApplicationMigrations(t *testing.T) {
 		t.Errorf("txhook version = %d, %v after the application's migrations", v, err)
 	}
 }
+
+// TestRowChecksDroppedAndRestored: 0019 drops the events table's CHECK
+// constraints on a table holding rows in every state, and its down
+// migration restores them, enforced on new rows, without failing on the
+// rows already there.
+func TestRowChecksDroppedAndRestored(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Pool.Exec(ctx, `INSERT INTO txhook_processed_events
+		(source, event_key, status, lease_expires_at, completed_at) VALUES
+		('s', 'q', 'queued', NULL, NULL),
+		('s', 'i', 'in_progress', now(), NULL),
+		('s', 'd', 'done', NULL, now()),
+		('s', 'f', 'failed', NULL, now())`); err != nil {
+		t.Fatal(err)
+	}
+	checks := func() int {
+		t.Helper()
+		var n int
+		if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint
+			WHERE conrelid = 'txhook_processed_events'::regclass AND contype = 'c'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := checks(); n != 0 {
+		t.Fatalf("%d CHECK constraints on the events table after Up, want 0", n)
+	}
+	if err := migrations.Down(ctx, d.URL, 1); err != nil {
+		t.Fatalf("Down 1 on a filled table: %v", err)
+	}
+	if n := checks(); n != 4 {
+		t.Fatalf("%d CHECK constraints after Down 1, want 4", n)
+	}
+	if _, err := d.Pool.Exec(ctx, `INSERT INTO txhook_processed_events (source, event_key, status) VALUES ('s', 'x', 'processed')`); err == nil {
+		t.Error("after Down 1, a row with an unknown status was accepted")
+	}
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatalf("Up after Down 1: %v", err)
+	}
+	if n := checks(); n != 0 {
+		t.Fatalf("%d CHECK constraints after Up again, want 0", n)
+	}
+}
