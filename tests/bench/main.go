@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,11 +55,20 @@ func main() {
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
+	only := flag.String("only", "", "measure only the rows whose names match this regular expression (a quick check of a few rows)")
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
 	pgSettings := flag.String("pg-settings", strings.Join(scaleSettings(), ","), "with -scale and no DATABASE_URL: comma-separated server settings (name=value) for the kept cluster; none for PostgreSQL's defaults")
 	flag.Parse()
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: bad -only: %v\n", err)
+			os.Exit(2)
+		}
+		o.only = re
+	}
 	if *pgSettings != "" && *pgSettings != "none" {
 		o.scaleSettings = strings.Split(*pgSettings, ",")
 	}
@@ -116,6 +126,8 @@ type options struct {
 	profile  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
+	// only, when set, keeps the rows whose names it matches.
+	only *regexp.Regexp
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
 	scale         bool

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// dbCost is what the database spent on a round (or, per event, on an
+// event): the WAL it wrote, and the CPU time of PostgreSQL's processes
+// when the server runs on this machine. Both are counted over the whole
+// round, warm-up included, and divided by every operation the round
+// completed, so that work done after an operation's answer (River's
+// completions, checkpoints of the round's writes) is counted too. WAL
+// bytes hardly depend on the machine's load; the CPU time does, less than
+// the rates do.
+type dbCost struct {
+	WAL   float64 // bytes
+	CPU   float64 // milliseconds
+	HasDB bool    // WAL was measured
+	HasPG bool    // PostgreSQL's CPU was measured
+}
+
+func (a dbCost) add(b dbCost) dbCost {
+	if !b.HasDB {
+		return a
+	}
+	a.HasDB = true
+	a.WAL += b.WAL
+	if b.HasPG {
+		a.HasPG = true
+		a.CPU += b.CPU
+	}
+	return a
+}
+
+// per returns the cost per operation of n operations.
+func (a dbCost) per(n int64) dbCost {
+	if n == 0 {
+		return dbCost{}
+	}
+	a.WAL /= float64(n)
+	a.CPU /= float64(n)
+	return a
+}
+
+// dbProbe reads the server's WAL position and, when PostgreSQL runs on this
+// machine and its processes can be read, their CPU time.
+type dbProbe struct {
+	conn *pgx.Conn
+	// postmaster is PostgreSQL's postmaster process, 0 when its processes
+	// cannot be read here.
+	postmaster int
+}
+
+// dbCounters are the probe's counters at one moment.
+type dbCounters struct {
+	wal int64
+	cpu time.Duration // -1 when unknown
+}
+
+// newDBProbe connects to dbURL. The postmaster is found as the parent of
+// the server's checkpointer.
+func newDBProbe(ctx context.Context, dbURL string) (*dbProbe, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	p := &dbProbe{conn: conn}
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").Scan(&pid); err == nil {
+		if ppid, ok := parentOf(pid); ok && procCPU(ppid) > 0 {
+			p.postmaster = ppid
+		}
+	}
+	if p.postmaster == 0 {
+		logf("PostgreSQL's processes are not readable here: no PostgreSQL CPU per event")
+	}
+	return p, nil
+}
+
+func (p *dbProbe) close() { p.conn.Close(context.Background()) }
+
+func (p *dbProbe) read(ctx context.Context) (dbCounters, error) {
+	c := dbCounters{cpu: -1}
+	var wal string
+	if err := p.conn.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0')::text").Scan(&wal); err != nil {
+		return c, fmt.Errorf("read WAL position: %w", err)
+	}
+	v, err := strconv.ParseFloat(wal, 64)
+	if err != nil {
+		return c, fmt.Errorf("read WAL position %q: %w", wal, err)
+	}
+	c.wal = int64(v)
+	if p.postmaster != 0 {
+		c.cpu = postgresCPU(p.postmaster)
+	}
+	return c, nil
+}
+
+// between returns the cost between two readings.
+func between(a, b dbCounters) dbCost {
+	d := dbCost{WAL: float64(b.wal - a.wal), HasDB: true}
+	if a.cpu >= 0 && b.cpu >= 0 {
+		d.CPU, d.HasPG = float64(b.cpu-a.cpu)/float64(time.Millisecond), true
+	}
+	return d
+}
+
+// postgresCPU returns the CPU time of the postmaster pm, of its live child
+// processes (backends, background workers) and of the children it has
+// reaped (backends that ended: a pgbench run's).
+func postgresCPU(pm int) time.Duration {
+	total := procCPUWithChildren(pm)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == pm {
+			continue
+		}
+		if ppid, ok := parentOf(pid); ok && ppid == pm {
+			total += procCPU(pid)
+		}
+	}
+	return total
+}
+
+// statFields returns the fields of /proc/<pid>/stat after the command name.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
+}
+
+func parentOf(pid int) (int, bool) {
+	f := statFields(pid)
+	if len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
+
+// procCPUWithChildren is procCPU plus the CPU time of the children the
+// process has reaped.
+func procCPUWithChildren(pid int) time.Duration {
+	f := statFields(pid)
+	if len(f) < 15 {
+		return 0
+	}
+	var ticks int64
+	for _, v := range f[11:15] { // utime, stime, cutime, cstime
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick
+}
