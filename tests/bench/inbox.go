@@ -284,7 +284,9 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 	}
 	counter := func(prefix string) *keys {
 		k := &keys{done: make([]int, c)}
-		k.at = func(w, i int) string { return o.tag + prefix + strconv.Itoa(c) + "_" + strconv.Itoa(w) + "_" + strconv.Itoa(i) }
+		k.at = func(w, i int) string {
+			return o.tag + prefix + strconv.Itoa(c) + "_" + strconv.Itoa(w) + "_" + strconv.Itoa(i)
+		}
 		k.next = func(w int) string {
 			s := k.at(w, k.done[w])
 			k.done[w]++
