@@ -22,7 +22,7 @@ func TestRiverConfigDefaults(t *testing.T) {
 		{"zero", &river.Config{}, DefaultFetchCooldown, DefaultFetchPollInterval},
 		{"both set", &river.Config{FetchCooldown: time.Millisecond, FetchPollInterval: 2 * time.Millisecond}, time.Millisecond, 2 * time.Millisecond},
 		{"long cooldown", &river.Config{FetchCooldown: 200 * time.Millisecond}, 200 * time.Millisecond, 200 * time.Millisecond},
-		{"short poll", &river.Config{FetchPollInterval: 2 * time.Millisecond}, min(DefaultFetchCooldown, 2*time.Millisecond), 2 * time.Millisecond},
+		{"short poll", &river.Config{FetchPollInterval: 2 * time.Millisecond}, 2 * time.Millisecond, 2 * time.Millisecond},
 		{"long poll", &river.Config{FetchPollInterval: 5 * time.Second}, DefaultFetchCooldown, 5 * time.Second},
 	} {
 		rc := riverConfig(Config{River: c.river, Queue: QueueName, MaxWorkers: DefaultMaxWorkers})

@@ -86,10 +86,12 @@ const (
 	// DefaultFetchCooldown is River's FetchCooldown unless Config.River
 	// sets one: the shortest time between two fetches of a queue's jobs,
 	// and between two of the insert notifications that wake the queue's
-	// workers (River's shortest). With River's own, 100 ms, a queue starts
-	// at most MaxWorkers jobs per 100 ms, and an event accepted less than
-	// a cooldown after the previous notification waits for the next poll.
-	DefaultFetchCooldown = time.Millisecond
+	// workers. With River's own, 100 ms, a queue starts at most MaxWorkers
+	// jobs per 100 ms; with River's shortest, 1 ms, accepts wait behind
+	// PostgreSQL's lock on notifying commits under load. An event accepted
+	// less than a cooldown after the previous notification waits for the
+	// next fetch, at the latest the next poll.
+	DefaultFetchCooldown = 5 * time.Millisecond
 	// DefaultFetchPollInterval is River's FetchPollInterval unless
 	// Config.River sets one: how often an idle queue is asked for jobs
 	// whose insert sent no notification. River's own is 1 s.

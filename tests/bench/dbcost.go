@@ -115,18 +115,35 @@ func between(a, b dbCounters) dbCost {
 
 // postgresCPU returns the CPU time of the postmaster pm, of its live child
 // processes (backends, background workers) and of the children it has
-// reaped (backends that ended: a pgbench run's).
+// reaped (backends that ended: a pgbench run's). A child that ends while
+// the processes are read, or has ended and is not reaped yet (its times
+// are no longer shown), would be missed: the reading is taken again then.
 func postgresCPU(pm int) time.Duration {
-	total := procCPUWithChildren(pm)
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == pm {
-			continue
-		}
-		if ppid, ok := parentOf(pid); ok && ppid == pm {
+	var total time.Duration
+	for range 20 {
+		before := procCPUWithChildren(pm)
+		total = before
+		consistent := true
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == pm {
+				continue
+			}
+			f := statFields(pid)
+			if len(f) < 13 || f[1] != strconv.Itoa(pm) {
+				continue
+			}
+			if f[0] == "Z" {
+				consistent = false
+				break
+			}
 			total += procCPU(pid)
 		}
+		if consistent && procCPUWithChildren(pm) == before {
+			return total
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	return total
 }
