@@ -185,3 +185,48 @@ func procCPUWithChildren(pid int) time.Duration {
 	}
 	return time.Duration(ticks) * clockTick
 }
+
+// walShare is the WAL a round wrote to one relation (or, for records that
+// change no relation's pages, of one kind: commits, for one), in bytes per
+// event of the round, full-page images included.
+type walShare struct {
+	Rel   string
+	Bytes float64
+}
+
+// walByRelation reads, with pg_walinspect, the WAL between two readings
+// by relation, per event of the n the round completed, largest first. It
+// returns nil when the extension cannot be had.
+func (p *dbProbe) walByRelation(ctx context.Context, a, b dbCounters, n int64) []walShare {
+	if n == 0 {
+		return nil
+	}
+	if _, err := p.conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
+		logf("WAL by relation: %v", err)
+		return nil
+	}
+	rows, err := p.conn.Query(ctx, `
+		WITH r AS (
+			SELECT substring(block_ref FROM 'rel \d+/\d+/(\d+)')::oid AS fn, resource_manager AS rm, record_length
+			FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
+		)
+		SELECT coalesce(pg_filenode_relation(0, fn)::text, fn::text, '(' || rm || ')'), sum(record_length)::float8 / $3
+		FROM r GROUP BY 1 ORDER BY 2 DESC`, a.wal, b.wal, n)
+	if err != nil {
+		logf("WAL by relation: %v", err)
+		return nil
+	}
+	shares, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (walShare, error) {
+		var s walShare
+		err := row.Scan(&s.Rel, &s.Bytes)
+		return s, err
+	})
+	if err != nil {
+		logf("WAL by relation: %v", err)
+		return nil
+	}
+	if shares == nil {
+		shares = []walShare{} // measured: none
+	}
+	return shares
+}

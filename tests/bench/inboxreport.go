@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"runtime"
+	"strings"
 
 	"github.com/txhook/txhook/inbox"
 )
@@ -105,5 +106,47 @@ func (r *report) explainInbox(p func(string, ...any)) {
 		busy := e2e.Rate * cpu(e2e) / 1000
 		p("")
 		p("The inbox's end-to-end row on its defaults keeps %.1f of the machine's %d CPUs busy at concurrency %d.", busy, runtime.NumCPU(), c)
+	}
+}
+
+// walByRelation writes where each row's WAL went at the profiled
+// concurrency, in its last round.
+func (r *report) walByRelation(p func(string, ...any)) {
+	c := r.profConc
+	if c == 0 {
+		c = profileConcurrency
+	}
+	first := true
+	for _, x := range r.cells {
+		if x.Concurrency != c || x.WALByRelation == nil {
+			continue
+		}
+		if first {
+			p("")
+			p("WAL by relation at concurrency %d, bytes per event of each row's last round (`pg_get_wal_records_info`,", c)
+			p("full-page images included; a relation's indexes are listed by their own names; records that change no")
+			p("relation's pages, such as commits, by their kind):")
+			p("")
+			p("| scenario | WAL bytes/event, largest first |")
+			p("|---|---|")
+			first = false
+		}
+		var total float64
+		for _, s := range x.WALByRelation {
+			total += s.Bytes
+		}
+		var parts []string
+		var shown float64
+		for _, s := range x.WALByRelation {
+			if len(parts) == 8 || (shown > 0.98*total && len(parts) > 0) {
+				break
+			}
+			parts = append(parts, fmt.Sprintf("%s %.0f", s.Rel, s.Bytes))
+			shown += s.Bytes
+		}
+		if len(parts) == 0 {
+			parts = append(parts, "none")
+		}
+		p("| %s | %s (all: %.0f) |", x.Scenario, strings.Join(parts, ", "), total)
 	}
 }

@@ -25,6 +25,9 @@ type sample struct {
 	// included: the database's counters (db) cover the whole round.
 	total int64
 	db    dbCost
+	// walRels is the round's WAL by relation, for the last round at the
+	// profiled concurrency.
+	walRels []walShare
 }
 
 func (s sample) rate() float64 {
@@ -51,6 +54,8 @@ type cell struct {
 	CPU            cpuSplit // milliseconds per event
 	// DB is the database's cost per event over all rounds (see dbCost).
 	DB dbCost
+	// WALByRelation is the last round's WAL by relation, when measured.
+	WALByRelation []walShare
 }
 
 // rate returns events per second.
@@ -79,6 +84,9 @@ func merge(name string, c int, rounds []sample) cell {
 		cpu.Rest += s.cpu.Rest
 		db = db.add(s.db)
 		total += s.total
+		if s.walRels != nil {
+			res.WALByRelation = s.walRels
+		}
 	}
 	res.DB = db.per(total)
 	sorted := slices.Clone(res.Rates)

@@ -351,6 +351,7 @@ func (r *report) markdown() string {
 			p("  running at once, so at this concurrency they can pass the limit: read ratios above 1× here that way.")
 		}
 	}
+	r.walByRelation(p)
 	if r.profile.text != "" {
 		p("")
 		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)

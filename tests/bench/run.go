@@ -321,6 +321,9 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 				return nil, err
 			}
 			s.db = between(before, after)
+			if c == profileConcurrency && r == o.rounds-1 {
+				s.walRels = probe.walByRelation(ctx, before, after, s.total)
+			}
 			logf("c=%-3d round %d/%d %-26s %8.0f events/s", c, r+1, o.rounds, sc.name, s.rate())
 			rounds[sc.name] = append(rounds[sc.name], s)
 		}
