@@ -195,7 +195,9 @@ type walShare struct {
 }
 
 // walByRelation reads, with pg_walinspect, the WAL between two readings
-// by relation, per event of the n the round completed, largest first. It
+// by relation, per event of the n the round completed, largest first (up
+// to what the server has flushed: pg_walinspect reads no further; every
+// commit is flushed, so only background records can be left out). It
 // returns nil when the extension cannot be had.
 func (p *dbProbe) walByRelation(ctx context.Context, a, b dbCounters, n int64) []walShare {
 	if n == 0 {
@@ -208,7 +210,8 @@ func (p *dbProbe) walByRelation(ctx context.Context, a, b dbCounters, n int64) [
 	rows, err := p.conn.Query(ctx, `
 		WITH r AS (
 			SELECT substring(block_ref FROM 'rel \d+/\d+/(\d+)')::oid AS fn, resource_manager AS rm, record_length
-			FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric), ('0/0'::pg_lsn + $2::numeric))
+			FROM pg_get_wal_records_info(('0/0'::pg_lsn + $1::numeric),
+				least('0/0'::pg_lsn + $2::numeric, pg_current_wal_flush_lsn()))
 		)
 		SELECT coalesce(pg_filenode_relation(0, fn)::text, fn::text, '(' || rm || ')'), sum(record_length)::float8 / $3
 		FROM r GROUP BY 1 ORDER BY 2 DESC`, a.wal, b.wal, n)
