@@ -39,8 +39,9 @@ const statusQueued = "queued"
 
 // accept records ev as queued and enqueues its job in q, in one transaction
 // at at: Deliver's inbox mode. It takes two round trips on a new
-// transaction: the job's insert, the first statement, travels with BEGIN;
-// the row's insert, with the job's id, travels with COMMIT, so the row is
+// transaction: a check that the key is not recorded yet and the job's
+// insert travel with BEGIN; the row's insert, with the job's id, travels
+// with COMMIT, so the row is
 // written once. The payload and payload hash are stored whatever
 // Config.StorePayload says: the job reads the payload from the row (its
 // arguments name only the source and key).
@@ -49,8 +50,11 @@ const statusQueued = "queued"
 //   - queued: the key was new; the row and the job are committed, and the
 //     sender may be acknowledged;
 //   - duplicate: the key exists, queued, in progress, done or failed; the
-//     insert answered so with COMMIT's round trip, and nothing was
-//     committed: the job q inserted rolled back with the rest;
+//     check answered so in the first round trip, before the server ran the
+//     job's insert (a redelivery inserts no job and writes nothing), or,
+//     for a key recorded by a concurrent delivery meanwhile, the row's
+//     insert did with COMMIT's round trip; nothing was committed, and a job
+//     q inserted rolled back with the rest;
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
@@ -58,7 +62,7 @@ const statusQueued = "queued"
 // held until COMMIT, with which the row is inserted, so the next delivery
 // of the same body finds the row. A concurrent delivery of the same key
 // then waits at the guard's lock (bounded by BodyDedupe.LockTimeout, past
-// which it fails with ErrReplayInFlight) before it is answered a duplicate.
+// which it is answered in flight) before it is answered a duplicate.
 // Any error means nothing was committed (a *CommitUnknownError: the outcome
 // cannot be known), and the sender must not be acknowledged; a database
 // that cannot be used gives an *UnavailableError. ctx bounds the work up to
@@ -73,9 +77,17 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *B
 	}
 	err := engine.Run(ctx, at, o, engine.Spec{
 		Body: func(ctx context.Context, tx pgx.Tx) error {
+			deferred := db.New(engine.Deferred(tx))
+			// A recorded key fails this check, which travels with BEGIN
+			// ahead of the next statement (the body dedupe's, or the job's
+			// insert): the server skips what follows it in that round
+			// trip, so a redelivery inserts no job and writes nothing.
+			if err := deferred.CheckKeyNotRecorded(ctx, db.CheckKeyNotRecordedParams{Source: ev.Source, EventKey: ev.Key}); err != nil {
+				return err
+			}
 			if g != nil {
-				// The guard's lock is held until COMMIT, which the row
-				// travels with: the next delivery of the body sees the row.
+				// The body dedupe's lock is held until COMMIT, which the
+				// row travels with: the next delivery of the body sees it.
 				if err := g.check(ctx, tx, ev); err != nil {
 					return err
 				}
@@ -84,7 +96,7 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *B
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
-			return db.New(engine.Deferred(tx)).QueueEventWithJob(ctx, db.QueueEventWithJobParams{
+			return deferred.QueueEventWithJob(ctx, db.QueueEventWithJobParams{
 				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type, Payload: ev.Payload,
 				PayloadHash: ev.PayloadHash, JobID: id, LockTimeout: p.lockTimeout,
 			})
@@ -94,7 +106,8 @@ func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *B
 		return Result{Outcome: OutcomeQueued}, nil
 	}
 	if de, ok := errors.AsType[*engine.DeferredError](err); ok {
-		// The row's insert, sent with COMMIT, answered: nothing committed.
+		// The key's check, sent with BEGIN, or the row's insert, sent with
+		// COMMIT, answered: nothing committed.
 		switch pgErr, _ := errors.AsType[*pgconn.PgError](de); {
 		case pgErr != nil && pgErr.Code == sqlstateKeyExists:
 			return Result{Outcome: OutcomeDuplicate}, nil

@@ -133,9 +133,47 @@ func TestAcceptRecordsQueuedEventAndJobOnce(t *testing.T) {
 	}
 }
 
-// TestAcceptTwoRoundTrips checks the accept's statements: the job's insert
-// travels with BEGIN and the row's insert, with the job's id, with COMMIT. A
-// duplicate is answered by that insert: its job rolls back with it.
+// TestAcceptDuplicateInsertsNoJob: a redelivery of a recorded key, queued or
+// settled, with or without body dedupe, is answered before its job's
+// insert runs: the jobs table's sequence, which a rolled-back insert would
+// still advance, does not move.
+func TestAcceptDuplicateInsertsNoJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.inbox(t, nil, insertEffect, &jobQueue{query: true})
+	g := &txhook.BodyDedupe{}
+	hashed := event("a-2")
+	hashed.PayloadHash = []byte("h-2")
+	for _, ev := range []txhook.Event{event("a-1"), hashed} {
+		guard := g
+		if len(ev.PayloadHash) == 0 {
+			guard = nil
+		}
+		if res, err := accept(t, p, ev, guard); err != nil || res.Outcome != txhook.OutcomeQueued {
+			t.Fatalf("%s: Accept = %v, %v; want queued", ev.Key, res.Outcome, err)
+		}
+		seq := b.count(t, `SELECT last_value FROM jobs_id_seq`)
+		for _, state := range []string{"queued", "done"} {
+			if state == "done" {
+				if res, err := p.ApplyQueued(t.Context(), txhook.QueuedJob{Source: "test", Key: ev.Key}); err != nil || res.Outcome != txhook.OutcomeProcessed {
+					t.Fatalf("%s: ApplyQueued = %v, %v; want processed", ev.Key, res.Outcome, err)
+				}
+			}
+			res, err := accept(t, p, ev, guard)
+			if err != nil || res.Outcome != txhook.OutcomeDuplicate {
+				t.Fatalf("%s %s: redelivery: Accept = %v, %v; want duplicate", ev.Key, state, res.Outcome, err)
+			}
+			if got := b.count(t, `SELECT last_value FROM jobs_id_seq`); got != seq {
+				t.Errorf("%s %s: the jobs sequence moved from %d to %d: the redelivery's job insert ran", ev.Key, state, seq, got)
+			}
+		}
+	}
+}
+
+// TestAcceptTwoRoundTrips checks the accept's statements: the key's check
+// and the job's insert travel with BEGIN and the row's insert, with the
+// job's id, with COMMIT. A duplicate is answered by the check, in the first
+// round trip (the server skips the job's insert after it), then ROLLBACK.
 func TestAcceptTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -152,8 +190,8 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 		want txhook.Outcome
 		sent [][]string
 	}{
-		{"new", txhook.OutcomeQueued, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}}},
-		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", insertJob}, {"QueueEventWithJob", "commit"}, {"rollback"}}},
+		{"new", txhook.OutcomeQueued, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"QueueEventWithJob", "commit"}}},
+		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"rollback"}}},
 	} {
 		res, err := accept(t, p, event("a-1"), nil)
 		if err != nil || res.Outcome != c.want {

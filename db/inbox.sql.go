@@ -11,6 +11,25 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const checkKeyNotRecorded = `-- name: CheckKeyNotRecorded :exec
+SELECT txhook_raise_key_recorded(source, event_key)
+FROM txhook_processed_events
+WHERE source = $1 AND event_key = $2
+`
+
+type CheckKeyNotRecordedParams struct {
+	Source   string
+	EventKey string
+}
+
+// Inbox mode's accept, before the job's insert: fails with SQLSTATE P0T01 when the key is already
+// recorded in any state, so that the statements sent after it in the same round trip are skipped;
+// for a new key it finds no row and does nothing. See txhook_raise_key_recorded in migrations.
+func (q *Queries) CheckKeyNotRecorded(ctx context.Context, arg CheckKeyNotRecordedParams) error {
+	_, err := q.db.Exec(ctx, checkKeyNotRecorded, arg.Source, arg.EventKey)
+	return err
+}
+
 const claimQueuedEvent = `-- name: ClaimQueuedEvent :one
 UPDATE txhook_processed_events
 SET status = 'in_progress',

@@ -99,12 +99,26 @@ import (
 // otherwise.
 const QueueName = "txhook_inbox"
 
-// Defaults of Config.
+// Defaults of Config. docs/inbox.md explains the choice, with what each
+// costs at idle and under load.
 const (
 	// DefaultMaxWorkers is how many inbox jobs run at once.
-	DefaultMaxWorkers = 10
+	DefaultMaxWorkers = 50
 	// DefaultJobTimeout bounds one try of a job.
 	DefaultJobTimeout = time.Minute
+	// DefaultFetchCooldown is River's FetchCooldown unless Config.River
+	// sets one: the shortest time between two fetches of a queue's jobs,
+	// and between two of the insert notifications that wake the queue's
+	// workers. With River's own, 100 ms, a queue starts at most MaxWorkers
+	// jobs per 100 ms; with River's shortest, 1 ms, accepts wait behind
+	// PostgreSQL's lock on notifying commits under load. An event accepted
+	// less than a cooldown after the previous notification waits for the
+	// next fetch, at the latest the next poll.
+	DefaultFetchCooldown = 5 * time.Millisecond
+	// DefaultFetchPollInterval is River's FetchPollInterval unless
+	// Config.River sets one: how often an idle queue is asked for jobs
+	// whose insert sent no notification. River's own is 1 s.
+	DefaultFetchPollInterval = 50 * time.Millisecond
 )
 
 // Args are the arguments of the River job applying one event: only its
@@ -135,9 +149,18 @@ type Config struct {
 	// its queues in River.Queues, its periodic jobs in River.PeriodicJobs
 	// (examples/github-pushes runs its redelivery sweeper so). The inbox
 	// adds its worker to River.Workers (creating it when nil) and its queue
-	// to River.Queues when missing. Its JobTimeout defaults to DefaultJobTimeout and its
-	// RescueStuckJobsAfter to twice the JobTimeout (River's own default is an
-	// hour, which would leave the job of a killed worker waiting that long).
+	// to River.Queues when missing. Settings River.Config leaves zero get
+	// the inbox's defaults, for the whole client (River spaces fetches and
+	// insert notifications client-wide): FetchCooldown
+	// DefaultFetchCooldown and FetchPollInterval DefaultFetchPollInterval
+	// (with River's own, 100 ms and 1 s, a queue starts at most MaxWorkers
+	// jobs per 100 ms), JobTimeout DefaultJobTimeout and
+	// RescueStuckJobsAfter twice the JobTimeout (River's own default is an
+	// hour, which would leave the job of a killed worker waiting that
+	// long). Values River.Config sets are kept as they are, except that a
+	// FetchPollInterval left zero is never shorter than the FetchCooldown
+	// set (River refuses a poll faster than the cooldown), and a
+	// FetchCooldown left zero never longer than the FetchPollInterval set.
 	// The inbox adds its check for stuck events to River.PeriodicJobs, unless
 	// River.LeaderElectionDisabled (River runs periodic jobs on its leader
 	// only: another client of the database must then run the check). River
@@ -148,7 +171,10 @@ type Config struct {
 	// Queue is the River queue of the inbox's jobs. Defaults to QueueName.
 	Queue string
 	// MaxWorkers is how many jobs of the queue run at once in this process
-	// when the inbox adds the queue. Defaults to DefaultMaxWorkers.
+	// when the inbox adds the queue (a queue in River.Queues keeps its own).
+	// Each running job holds one of the pool's connections for its apply:
+	// workers beyond the pool's free connections wait for one. Defaults to
+	// DefaultMaxWorkers.
 	MaxWorkers int
 	// MaxAttempts is how many times a job is tried before its event is
 	// recorded as failed. Defaults to River's (25, over about three weeks
@@ -198,27 +224,7 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 	if c.MaxWorkers == 0 {
 		c.MaxWorkers = DefaultMaxWorkers
 	}
-	var rc river.Config
-	if c.River != nil {
-		rc = *c.River
-	}
-	if rc.Workers == nil {
-		rc.Workers = river.NewWorkers()
-	}
-	if rc.JobTimeout == 0 {
-		rc.JobTimeout = DefaultJobTimeout
-	}
-	if rc.RescueStuckJobsAfter == 0 && rc.JobTimeout > 0 {
-		rc.RescueStuckJobsAfter = 2 * rc.JobTimeout
-	}
-	queues := make(map[string]river.QueueConfig, len(rc.Queues)+1)
-	for n, q := range rc.Queues {
-		queues[n] = q
-	}
-	if _, ok := queues[c.Queue]; !ok {
-		queues[c.Queue] = river.QueueConfig{MaxWorkers: c.MaxWorkers}
-	}
-	rc.Queues = queues
+	rc := riverConfig(c)
 	ib := &Inbox{
 		proc:        proc,
 		pool:        pool,
@@ -258,6 +264,42 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	return ib, nil
+}
+
+// riverConfig is the River client's configuration for c, whose Queue and
+// MaxWorkers are set: c.River with the inbox's defaults where it leaves
+// settings zero, and the inbox's queue added when missing.
+func riverConfig(c Config) river.Config {
+	var rc river.Config
+	if c.River != nil {
+		rc = *c.River
+	}
+	if rc.Workers == nil {
+		rc.Workers = river.NewWorkers()
+	}
+	switch {
+	case rc.FetchCooldown == 0 && rc.FetchPollInterval == 0:
+		rc.FetchCooldown, rc.FetchPollInterval = DefaultFetchCooldown, DefaultFetchPollInterval
+	case rc.FetchCooldown == 0:
+		rc.FetchCooldown = min(DefaultFetchCooldown, rc.FetchPollInterval)
+	case rc.FetchPollInterval == 0:
+		rc.FetchPollInterval = max(DefaultFetchPollInterval, rc.FetchCooldown)
+	}
+	if rc.JobTimeout == 0 {
+		rc.JobTimeout = DefaultJobTimeout
+	}
+	if rc.RescueStuckJobsAfter == 0 && rc.JobTimeout > 0 {
+		rc.RescueStuckJobsAfter = 2 * rc.JobTimeout
+	}
+	queues := make(map[string]river.QueueConfig, len(rc.Queues)+1)
+	for n, q := range rc.Queues {
+		queues[n] = q
+	}
+	if _, ok := queues[c.Queue]; !ok {
+		queues[c.Queue] = river.QueueConfig{MaxWorkers: c.MaxWorkers}
+	}
+	rc.Queues = queues
+	return rc
 }
 
 // Migrate applies River's migrations to the database of pool, next to

@@ -183,3 +183,52 @@ func TestUpFSAppliesApplicationMigrations(t *testing.T) {
 		t.Errorf("txhook version = %d, %v after the application's migrations", v, err)
 	}
 }
+
+// TestPayloadCompression: 0019 compresses new payloads with lz4 (on a server
+// built with it), and its down migration returns to the server's default.
+func TestPayloadCompression(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	var lz4 bool
+	if err := d.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals))`).Scan(&lz4); err != nil {
+		t.Fatal(err)
+	}
+	compression := func() string {
+		t.Helper()
+		var c string
+		if err := d.Pool.QueryRow(ctx, `SELECT attcompression::text FROM pg_attribute
+			WHERE attrelid = 'txhook_processed_events'::regclass AND attname = 'payload'`).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	want := "l"
+	if !lz4 {
+		want = ""
+	}
+	if got := compression(); got != want {
+		t.Fatalf("payload compression %q after Up, want %q (lz4 available: %v)", got, want, lz4)
+	}
+	big := make([]byte, 8000)
+	for i := range big {
+		big[i] = byte('a' + i%7)
+	}
+	if _, err := d.Pool.Exec(ctx, `INSERT INTO txhook_processed_events (source, event_key, status, completed_at, payload)
+		VALUES ('s', 'k', 'done', now(), $1)`, big); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Down(ctx, d.URL, 1); err != nil {
+		t.Fatalf("Down 1: %v", err)
+	}
+	if got := compression(); got != "" {
+		t.Errorf("payload compression %q after Down 1, want the default", got)
+	}
+	var n int
+	if err := d.Pool.QueryRow(ctx, `SELECT length(payload) FROM txhook_processed_events WHERE event_key = 'k'`).Scan(&n); err != nil || n != len(big) {
+		t.Errorf("payload written under lz4 read back as %d bytes, %v; want %d", n, err, len(big))
+	}
+}

@@ -1,3 +1,11 @@
+-- name: CheckKeyNotRecorded :exec
+-- Inbox mode's accept, before the job's insert: fails with SQLSTATE P0T01 when the key is already
+-- recorded in any state, so that the statements sent after it in the same round trip are skipped;
+-- for a new key it finds no row and does nothing. See txhook_raise_key_recorded in migrations.
+SELECT txhook_raise_key_recorded(source, event_key)
+FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key;
+
 -- name: QueueEventWithJob :exec
 -- Inbox mode's accept step, sent with COMMIT; see txhook_queue_event_with_job in migrations. It
 -- answers a key that exists with SQLSTATE P0T01, and a lock wait past the bound with 55P03.

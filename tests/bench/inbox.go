@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/txhook/txhook"
@@ -25,52 +25,73 @@ import (
 	"github.com/txhook/txhook/inbox"
 )
 
-// Inbox rows of the report. The three HTTP rows post GitHub-signed pushes to
-// an endpoint served in the bench's own process (httptest), whose push
-// route is the inbox's (accept only: no worker runs), the synchronous one,
-// or the inbox's with River's workers running, each request then waiting
-// until its push is applied (the latency is from the POST to the end of the
-// job's committed apply). The River row is River alone on the same
-// database: one empty job inserted per transaction and awaited until a
-// worker has run it. The two rows with workers each have a River client of
-// their own, running only while the row is measured, so that neither
-// client's fetching and maintenance weighs on the other rows.
+// Inbox rows of the report. They post GitHub-signed pushes (a 7.9 KB body,
+// as GitHub sends for a push of three commits) to endpoints served in the
+// bench's own process (httptest): txhook's inbox route, the synchronous
+// route, and a River inbox receiver written by hand (riverinbox.go). The
+// accept rows run no workers. The end-to-end rows run River's workers,
+// each request then waiting until its push is applied (the latency is
+// from the POST to the end of the job's committed apply); each runs a
+// River client of its own, only while the row is measured, on its
+// defaults (txhook: inbox.New's; by hand: River's, with the 100 workers
+// River's documentation configures) or tuned alike (River's shortest fetch
+// cooldown, a 2 ms poll, the same workers). The redelivery rows post again
+// pushes their accept row accepted.
 const (
-	scenInboxAccept = "inbox accept (HTTP)"
-	scenInboxSync   = "sync route (HTTP, same endpoint)"
-	scenInboxE2E    = "inbox end to end (HTTP)"
-	scenRiverEmpty  = "River empty jobs"
+	scenInboxAccept   = "inbox accept (HTTP)"
+	scenRiverAccept   = "River inbox by hand: accept (HTTP)"
+	scenInboxSync     = "sync route (HTTP, same endpoint)"
+	scenInboxE2E      = "inbox end to end (HTTP)"
+	scenRiverE2E      = "River inbox by hand: end to end (HTTP)"
+	scenInboxE2ETuned = "inbox end to end, tuned (HTTP)"
+	scenRiverE2ETuned = "River inbox by hand: end to end, tuned (HTTP)"
+	scenInboxDup      = "inbox redelivery (HTTP)"
+	scenRiverDup      = "River inbox by hand: redelivery (HTTP)"
 )
 
-// inboxE2ETarget is the end-to-end row's target against River's empty jobs.
-const inboxE2ETarget = 0.8
+// Targets of the inbox rows against the River inbox written by hand, at
+// concurrency 8 and 32, each on its defaults; and of the inbox on its
+// defaults against itself tuned.
+const (
+	inboxAcceptTarget   = 1.3
+	inboxE2ETarget      = 1.5
+	inboxDefaultsTarget = 0.9
+	// inboxP99Target bounds accept to applied at concurrency 8 on the
+	// inbox's defaults.
+	inboxP99Target = 100 * time.Millisecond
+)
+
+// tunedRiver is the tuned rows' River configuration: River's shortest
+// FetchCooldown, so that a job is fetched as soon as its insert's NOTIFY
+// arrives, and a 2 ms FetchPollInterval, since River sends that NOTIFY at
+// most once per cooldown and queue: a job inserted within a millisecond of
+// the last one (one client at a time, at concurrency 1) waits for the next
+// poll.
+const (
+	tunedCooldown = time.Millisecond
+	tunedPoll     = 2 * time.Millisecond
+)
+
+// tunedWorkers is the tuned rows' MaxWorkers at concurrency c.
+func tunedWorkers(c int) int { return max(4*c, 16) }
 
 // inboxBench holds what the inbox rows share at one concurrency.
 type inboxBench struct {
-	pool    *pgxpool.Pool
-	accept  *httptest.Server // inbox route, no workers
-	sync    *httptest.Server // synchronous route
-	e2e     *httptest.Server // inbox route, workers running during its row
-	running *inbox.Inbox
-	empty   *river.Client[pgx.Tx] // River's empty jobs, running during its row
-	secret  string
+	pool     *pgxpool.Pool
+	accept   *httptest.Server // txhook's inbox route, no workers
+	sync     *httptest.Server // txhook's synchronous route
+	e2e      *httptest.Server // txhook's inbox route, workers running during its row (defaults)
+	e2eTuned *httptest.Server // the same, tuned
+	running  *inbox.Inbox
+	tuned    *inbox.Inbox
+	byHand   *riverInbox // no workers
+	handE2E  *riverInbox // River's defaults
+	handTune *riverInbox // tuned
+	secret   string
 
 	mu      sync.Mutex
 	waiters map[string]chan struct{}
 }
-
-// emptyArgs is River's empty job.
-type emptyArgs struct {
-	ID string `json:"id"`
-}
-
-func (emptyArgs) Kind() string { return "bench_empty" }
-
-type emptyWorker struct {
-	river.WorkerDefaults[emptyArgs]
-}
-
-func (emptyWorker) Work(context.Context, *river.Job[emptyArgs]) error { return nil }
 
 // benchPush is the work of a push in the bench: one insert.
 func benchPush(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
@@ -78,7 +99,7 @@ func benchPush(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	return err
 }
 
-// newInboxBench starts the inbox rows' endpoints and River's workers at
+// newInboxBench starts the inbox rows' endpoints and River clients at
 // concurrency c.
 func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error) {
 	u, err := withPoolSize(dbURL, 2*c+8)
@@ -123,75 +144,87 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if err != nil {
 		return fail(err)
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	// Accept only: its jobs go to a queue no client of the bench works, so
-	// its client keeps River's default FetchCooldown, as an application's
-	// does: the cooldown also spaces the NOTIFY an insert sends to wake the
-	// queue's producers, and PostgreSQL commits notifying transactions one
-	// at a time.
-	acceptCfg := &river.Config{Logger: quiet}
-	if _, err := inbox.New(pool, acceptProc, &inbox.Config{River: acceptCfg, Queue: "bench_accept_only"}); err != nil {
-		return fail(err)
-	}
-	// The rows with workers: River's shortest FetchCooldown, so that a job
-	// is fetched as soon as its insert's NOTIFY arrives, and a short
-	// FetchPollInterval, since River sends that NOTIFY at most once per
-	// cooldown and queue: a job inserted within a millisecond of the last
-	// one (one client at a time, at concurrency 1) waits for the next poll.
-	// Their workers signal the waiting request once a job's work returned.
-	workersConfig := func(queue string) *river.Config {
-		return &river.Config{
-			Logger: quiet, FetchCooldown: time.Millisecond, FetchPollInterval: 2 * time.Millisecond,
-			Workers: river.NewWorkers(),
-			Queues:  map[string]river.QueueConfig{queue: {MaxWorkers: max(4*c, 16)}},
-			Middleware: []rivertype.Middleware{river.WorkerMiddlewareFunc(
-				func(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
-					err := doInner(ctx)
-					if err == nil {
-						var a struct{ Key, ID string }
-						if json.Unmarshal(job.EncodedArgs, &a) == nil {
-							b.signal(a.Key + a.ID)
-						}
-					}
-					return err
-				})},
-		}
-	}
-	b.running, err = inbox.New(pool, e2eProc, &inbox.Config{River: workersConfig(inbox.QueueName)})
+	tunedProc, err := newProc(true)
 	if err != nil {
 		return fail(err)
 	}
-	emptyCfg := workersConfig("bench_empty")
-	river.AddWorker(emptyCfg.Workers, emptyWorker{})
-	if b.empty, err = river.NewClient(riverpgxv5.New(pool), emptyCfg); err != nil {
-		return fail(fmt.Errorf("new river client: %w", err))
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Accept only: its jobs go to a queue no client of the bench works;
+	// its client has inbox.New's defaults, as an application's does (the
+	// fetch cooldown also spaces the NOTIFY an insert sends to wake the
+	// queue's workers, and PostgreSQL commits notifying transactions one
+	// at a time).
+	if _, err := inbox.New(pool, acceptProc, &inbox.Config{River: &river.Config{Logger: quiet}, Queue: "bench_accept_only"}); err != nil {
+		return fail(err)
+	}
+	// The rows with workers signal the waiting request once a job's work
+	// returned. Left zero, the cooldown, poll and workers are inbox.New's.
+	signalled := func(cfg river.Config) *river.Config {
+		cfg.Logger, cfg.Workers = quiet, river.NewWorkers()
+		cfg.Middleware = []rivertype.Middleware{river.WorkerMiddlewareFunc(
+			func(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
+				err := doInner(ctx)
+				if err == nil && job.Kind == (inbox.Args{}).Kind() {
+					var a inbox.Args
+					if json.Unmarshal(job.EncodedArgs, &a) == nil {
+						b.signal(a.Key)
+					}
+				}
+				return err
+			})}
+		return &cfg
+	}
+	if b.running, err = inbox.New(pool, e2eProc, &inbox.Config{River: signalled(river.Config{})}); err != nil {
+		return fail(err)
+	}
+	tunedCfg := signalled(river.Config{FetchCooldown: tunedCooldown, FetchPollInterval: tunedPoll})
+	if b.tuned, err = inbox.New(pool, tunedProc, &inbox.Config{River: tunedCfg, Queue: "bench_inbox_tuned", MaxWorkers: tunedWorkers(c)}); err != nil {
+		return fail(err)
+	}
+	handCfg := riverInboxConfig{pool: pool, secret: b.secret, logger: quiet, signal: b.signal}
+	byHand, handE2E, handTune := handCfg, handCfg, handCfg
+	byHand.queue = "bench_by_hand_accept_only"
+	handE2E.queue, handE2E.workers = "bench_by_hand", riverDocsWorkers
+	handTune.queue, handTune.workers = "bench_by_hand_tuned", tunedWorkers(c)
+	handTune.cooldown, handTune.poll = tunedCooldown, tunedPoll
+	for _, x := range []struct {
+		dst **riverInbox
+		cfg riverInboxConfig
+	}{{&b.byHand, byHand}, {&b.handE2E, handE2E}, {&b.handTune, handTune}} {
+		if *x.dst, err = newRiverInbox(x.cfg); err != nil {
+			return fail(err)
+		}
 	}
 	endpoint := func(proc *txhook.Processor) (*httptest.Server, error) {
 		ep, err := handler.New(proc, &handler.Config{
 			Source: "github", Provider: &handler.GitHub{Secrets: []string{b.secret}},
-			Logger: quiet, BodyDedupe: handler.BodyDedupeOff,
+			Logger: quiet, BodyDedupe: handler.BodyDedupeOff, // as the receiver by hand: no body dedupe
 		})
 		if err != nil {
 			return nil, err
 		}
 		return httptest.NewServer(ep), nil
 	}
-	if b.accept, err = endpoint(acceptProc); err != nil {
-		return fail(err)
-	}
-	if b.sync, err = endpoint(syncProc); err != nil {
-		return fail(err)
-	}
-	if b.e2e, err = endpoint(e2eProc); err != nil {
-		return fail(err)
+	for _, x := range []struct {
+		dst  **httptest.Server
+		proc *txhook.Processor
+	}{{&b.accept, acceptProc}, {&b.sync, syncProc}, {&b.e2e, e2eProc}, {&b.e2eTuned, tunedProc}} {
+		if *x.dst, err = endpoint(x.proc); err != nil {
+			return fail(err)
+		}
 	}
 	return b, nil
 }
 
 func (b *inboxBench) stop() {
-	for _, s := range []*httptest.Server{b.accept, b.sync, b.e2e} {
+	for _, s := range []*httptest.Server{b.accept, b.sync, b.e2e, b.e2eTuned} {
 		if s != nil {
 			s.Close()
+		}
+	}
+	for _, h := range []*riverInbox{b.byHand, b.handE2E, b.handTune} {
+		if h != nil {
+			h.close()
 		}
 	}
 	b.pool.Close()
@@ -230,20 +263,21 @@ func await(ctx context.Context, ch chan struct{}) error {
 	}
 }
 
-// post sends a signed push with delivery id key to srv and checks the
-// answer's status.
-func (b *inboxBench) post(ctx context.Context, srv *httptest.Server, key string, want int) error {
-	body := []byte(`{"ref":"refs/heads/main","after":"` + key + `","repository":{"full_name":"bench/repo"},"commits":[]}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, bytes.NewReader(body))
+// post sends the signed push of delivery id key to the endpoint at url and
+// checks the answer's status.
+func (b *inboxBench) post(ctx context.Context, client *http.Client, url, key string, want int) error {
+	body := pushBody(key)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(handler.GitHubEventHeader, "push")
 	req.Header.Set(handler.GitHubDeliveryHeader, key)
 	if err := (&handler.GitHub{Secrets: []string{b.secret}}).Sign(req.Header, body, time.Now()); err != nil {
 		return err
 	}
-	resp, err := srv.Client().Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -257,13 +291,24 @@ func (b *inboxBench) post(ctx context.Context, srv *httptest.Server, key string,
 
 // inboxScenarios returns the inbox rows at concurrency c.
 func inboxScenarios(o options, c int, b *inboxBench) []scenario {
-	counter := func(prefix string) func(w int) string {
-		next := make([]int, c)
-		return func(w int) string {
-			k := o.tag + prefix + strconv.Itoa(c) + "_" + strconv.Itoa(w) + "_" + strconv.Itoa(next[w])
-			next[w]++
-			return k
+	// keys numbers each row's deliveries per worker; done[w] is how many
+	// worker w sent.
+	type keys struct {
+		next func(w int) string
+		at   func(w, i int) string
+		done []int
+	}
+	counter := func(prefix string) *keys {
+		k := &keys{done: make([]int, c)}
+		k.at = func(w, i int) string {
+			return o.tag + prefix + strconv.Itoa(c) + "_" + strconv.Itoa(w) + "_" + strconv.Itoa(i)
 		}
+		k.next = func(w int) string {
+			s := k.at(w, k.done[w])
+			k.done[w]++
+			return s
+		}
+		return k
 	}
 	row := func(name string, op func(ctx context.Context, w int) error) scenario {
 		return scenario{name: name, measure: func(ctx context.Context) (sample, error) {
@@ -287,35 +332,40 @@ func inboxScenarios(o options, c int, b *inboxBench) []scenario {
 		}
 		return s
 	}
-	acceptKey, syncKey, e2eKey, emptyKey := counter("acc"), counter("syn"), counter("e2e"), counter("emp")
-	return []scenario{
-		row(scenInboxAccept, func(ctx context.Context, w int) error {
-			return b.post(ctx, b.accept, acceptKey(w), http.StatusAccepted)
-		}),
-		row(scenInboxSync, func(ctx context.Context, w int) error {
-			return b.post(ctx, b.sync, syncKey(w), http.StatusOK)
-		}),
-		whileRunning(row(scenInboxE2E, func(ctx context.Context, w int) error {
-			key := e2eKey(w)
+	post := func(srv *httptest.Server, k *keys, want int) func(ctx context.Context, w int) error {
+		return func(ctx context.Context, w int) error { return b.post(ctx, srv.Client(), srv.URL, k.next(w), want) }
+	}
+	endToEnd := func(srv *httptest.Server, k *keys) func(ctx context.Context, w int) error {
+		return func(ctx context.Context, w int) error {
+			key := k.next(w)
 			ch := b.wait(key)
-			if err := b.post(ctx, b.e2e, key, http.StatusAccepted); err != nil {
+			if err := b.post(ctx, srv.Client(), srv.URL, key, http.StatusAccepted); err != nil {
 				b.signal(key)
 				return err
 			}
 			return await(ctx, ch)
-		}), b.running.Start, b.running.Stop),
-		whileRunning(row(scenRiverEmpty, func(ctx context.Context, w int) error {
-			id := emptyKey(w)
-			ch := b.wait(id)
-			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := b.empty.InsertTx(ctx, tx, emptyArgs{ID: id}, &river.InsertOpts{Queue: "bench_empty"})
-				return err
-			})
-			if err != nil {
-				b.signal(id)
-				return err
+		}
+	}
+	// redeliver posts again a delivery that k's row accepted.
+	redeliver := func(client *http.Client, url string, k *keys) func(ctx context.Context, w int) error {
+		return func(ctx context.Context, w int) error {
+			if k.done[w] == 0 {
+				return errors.New("no accepted push to redeliver")
 			}
-			return await(ctx, ch)
-		}), b.empty.Start, b.empty.Stop),
+			return b.post(ctx, client, url, k.at(w, rand.IntN(k.done[w])), http.StatusOK)
+		}
+	}
+	acc, hand := counter("acc"), counter("hacc")
+	handSrv := b.byHand.server
+	return []scenario{
+		row(scenInboxAccept, post(b.accept, acc, http.StatusAccepted)),
+		row(scenRiverAccept, post(handSrv, hand, http.StatusAccepted)),
+		row(scenInboxSync, post(b.sync, counter("syn"), http.StatusOK)),
+		whileRunning(row(scenInboxE2E, endToEnd(b.e2e, counter("e2e"))), b.running.Start, b.running.Stop),
+		whileRunning(row(scenRiverE2E, endToEnd(b.handE2E.server, counter("he2e"))), b.handE2E.start, b.handE2E.stop),
+		whileRunning(row(scenInboxE2ETuned, endToEnd(b.e2eTuned, counter("e2et"))), b.tuned.Start, b.tuned.Stop),
+		whileRunning(row(scenRiverE2ETuned, endToEnd(b.handTune.server, counter("he2et"))), b.handTune.start, b.handTune.stop),
+		row(scenInboxDup, redeliver(b.accept.Client(), b.accept.URL, acc)),
+		row(scenRiverDup, redeliver(handSrv.Client(), handSrv.URL, hand)),
 	}
 }

@@ -16,11 +16,12 @@
 //   - duplicate storm (HTTP): redeliveries of already processed events;
 //   - baseline HTTP: a hand-written pgx receiver doing the same work;
 //   - inbox mode: its accept rate over HTTP beside the synchronous route on
-//     the same endpoint, its rate and latency from accept to applied, and
-//     River's own rate (one empty job per transaction) on the same database;
+//     the same endpoint and beside a River inbox receiver written by hand,
+//     end to end on the defaults of each and tuned alike, and redeliveries;
 //   - txhook AMQP consumer: amqpconsumer applying checkout events published
 //     to RabbitMQ, publish to ack, beside a hand-written consumer on the same
-//     client and broker.
+//     client and broker;
+//   - for every row, the WAL and PostgreSQL's CPU per event.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
 // durability settings (fsync, synchronous_commit and full_page_writes on).
@@ -34,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,11 +62,20 @@ func main() {
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
 	flag.BoolVar(&o.amqp, "amqp", true, "also measure the RabbitMQ consumer beside a hand-written one (the machine's broker, or a node of the run's own)")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
+	only := flag.String("only", "", "measure only the rows whose names match this regular expression (a quick check of a few rows)")
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
 	pgSettings := flag.String("pg-settings", strings.Join(scaleSettings(), ","), "with -scale and no DATABASE_URL: comma-separated server settings (name=value) for the kept cluster; none for PostgreSQL's defaults")
 	flag.Parse()
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: bad -only: %v\n", err)
+			os.Exit(2)
+		}
+		o.only = re
+	}
 	if *pgSettings != "" && *pgSettings != "none" {
 		o.scaleSettings = strings.Split(*pgSettings, ",")
 	}
@@ -125,6 +136,8 @@ type options struct {
 	// amqp adds the RabbitMQ rows, on amqpNode.
 	amqp     bool
 	amqpNode *rabbitnode.Node
+	// only, when set, keeps the rows whose names it matches.
+	only *regexp.Regexp
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
 	scale         bool

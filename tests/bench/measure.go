@@ -21,6 +21,13 @@ type sample struct {
 	lat     []time.Duration
 	allocs  int64    // heap allocations in the window; -1 when unknown
 	cpu     cpuSplit // CPU time in the window, in milliseconds
+	// total counts the operations completed in the whole round, warm-up
+	// included: the database's counters (db) cover the whole round.
+	total int64
+	db    dbCost
+	// walRels is the round's WAL by relation, for the last round at the
+	// profiled concurrency.
+	walRels []walShare
 }
 
 func (s sample) rate() float64 {
@@ -45,6 +52,10 @@ type cell struct {
 	// the work; -1 when unknown.
 	AllocsPerEvent float64
 	CPU            cpuSplit // milliseconds per event
+	// DB is the database's cost per event over all rounds (see dbCost).
+	DB dbCost
+	// WALByRelation is the last round's WAL by relation, when measured.
+	WALByRelation []walShare
 }
 
 // rate returns events per second.
@@ -56,6 +67,8 @@ func merge(name string, c int, rounds []sample) cell {
 	var lat []time.Duration
 	var allocs int64
 	var cpu cpuSplit
+	var db dbCost
+	var total int64
 	knownAllocs := len(rounds) > 0
 	for _, s := range rounds {
 		res.Rates = append(res.Rates, s.rate())
@@ -69,7 +82,13 @@ func merge(name string, c int, rounds []sample) cell {
 		cpu.Client += s.cpu.Client
 		cpu.Receiver += s.cpu.Receiver
 		cpu.Rest += s.cpu.Rest
+		db = db.add(s.db)
+		total += s.total
+		if s.walRels != nil {
+			res.WALByRelation = s.walRels
+		}
 	}
+	res.DB = db.per(total)
 	sorted := slices.Clone(res.Rates)
 	slices.Sort(sorted)
 	if n := len(sorted); n > 0 {
@@ -200,6 +219,7 @@ func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver
 	from, to := start.Add(warmup), start.Add(warmup+d)
 	lat := make([][]time.Duration, c)
 	errs := make([]int64, c)
+	done := make([]int64, c) // successes in the whole round
 	var wg sync.WaitGroup
 	// The counters are sampled at the window's edges by their own goroutine.
 	var m0, m1 uint64
@@ -233,6 +253,9 @@ func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver
 				}
 				err := op(ctx, w)
 				t1 := time.Now()
+				if err == nil {
+					done[w]++
+				}
 				if t1.Before(from) || t1.After(to) {
 					continue
 				}
@@ -247,8 +270,9 @@ func measure(ctx context.Context, c int, warmup, d time.Duration, recv *receiver
 	wg.Wait()
 	res := sample{lat: slices.Concat(lat...), seconds: d.Seconds(), allocs: -1}
 	res.events = int64(len(res.lat))
-	for _, e := range errs {
-		res.errors += e
+	for w := range c {
+		res.errors += errs[w]
+		res.total += done[w]
 	}
 	if mErr == nil && m1 >= m0 {
 		res.allocs = int64(m1 - m0)

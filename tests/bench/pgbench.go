@@ -90,6 +90,7 @@ func runPgbench(ctx context.Context, dir, script, dbURL string, c int, d time.Du
 	}
 	res := sample{seconds: d.Seconds(), lat: lat, errors: failed, allocs: -1}
 	res.events = int64(tps*d.Seconds() + 0.5)
+	res.total = res.events
 	var client time.Duration
 	if st := cmd.ProcessState; st != nil {
 		client = st.UserTime() + st.SystemTime()

@@ -187,16 +187,7 @@ func (r *report) markdown() string {
 	p("- **%s**: a straightforward hand-written receiver (net/http, hand-rolled signature check, one pgx", scenBaselineHTTP)
 	p("  transaction: its own event-id insert ON CONFLICT DO NOTHING, then the same writes), as a separate process with")
 	p("  a pool of c connections and the same load generator. It logs nothing.")
-	p("- **%s**, **%s**: GitHub-signed pushes (one insert each) posted to one endpoint served in this process", scenInboxAccept, scenInboxSync)
-	p("  (httptest; body dedupe off), whose push route is inbox mode's accept (the event row and a River job in one")
-	p("  transaction, answered 202; no worker runs) or the synchronous route (applied before the 200).")
-	p("- **%s**: the same endpoint with River's workers running in this process; each client waits, after", scenInboxE2E)
-	p("  the 202, until its push's job has committed the apply: the rate and latency from accept to applied.")
-	p("- **%s**: River alone on the same database, a client of its own with the same configuration: one empty job", scenRiverEmpty)
-	p("  inserted per transaction, each client waiting until a worker has run it (River marks it completed after that,")
-	p("  in batches). The two rows with workers each run their River client only while they are measured (fetch")
-	p("  cooldown 1 ms, River's shortest; poll interval 2 ms, since River wakes a queue's workers at most once per")
-	p("  cooldown and a job inserted sooner waits for the next poll).")
+	r.describeInbox(p)
 	p("- **%s**, **%s**: checkout events published to RabbitMQ (persistent, the event id in", scenAMQP, scenAMQPBaseline)
 	p("  `message-id`), one quorum queue per row, each client waiting until the consumer, in this process, has applied and")
 	p("  acknowledged its event: the latency is publish to ack after COMMIT, c the messages in flight (the prefetch). The")
@@ -216,8 +207,8 @@ func (r *report) markdown() string {
 	for _, c := range r.opts.conc {
 		p("### Concurrency %d", c)
 		p("")
-		p("| scenario | events/s | ratio to limit | rounds (events/s) | p50 ms | p99 ms | allocs/event | CPU ms/event: client / receiver / rest | errors |")
-		p("|---|---:|---:|---|---:|---:|---:|---|---:|")
+		p("| scenario | events/s | ratio to limit | rounds (events/s) | p50 ms | p99 ms | allocs/event | CPU ms/event: client / receiver / rest | PostgreSQL CPU ms/event | WAL bytes/event | errors |")
+		p("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
 		for _, x := range r.cells {
 			if x.Concurrency != c {
 				continue
@@ -234,8 +225,15 @@ func (r *report) markdown() string {
 			for _, v := range x.Rates {
 				rounds = append(rounds, fmt.Sprintf("%.0f", v))
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f / %.2f / %.2f | %d |", x.Scenario, x.rate(), ratio, strings.Join(rounds, ", "),
-				ms(x.P50), ms(x.P99), allocs, x.CPU.Client, x.CPU.Receiver, x.CPU.Rest, x.Errors)
+			pgCPU, wal := "—", "—"
+			if x.DB.HasPG {
+				pgCPU = fmt.Sprintf("%.3f", x.DB.CPU)
+			}
+			if x.DB.HasDB {
+				wal = fmt.Sprintf("%.0f", x.DB.WAL)
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %.2f / %.2f / %.2f | %s | %s | %d |", x.Scenario, x.rate(), ratio, strings.Join(rounds, ", "),
+				ms(x.P50), ms(x.P99), allocs, x.CPU.Client, x.CPU.Receiver, x.CPU.Rest, pgCPU, wal, x.Errors)
 		}
 		p("")
 	}
@@ -243,7 +241,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| ratio | c=%s |", joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	rows := []struct{ label, a, b string }{
+	rows := []ratioRow{
 		{"txhook library / limit", scenLibrary, scenLimit},
 		{"txhook library, dedupe step first / limit", scenLibraryFirst, scenLimit},
 		{"txhook library / limit, pipelined as txhook", scenLibrary, scenLimitPipe},
@@ -260,11 +258,9 @@ func (r *report) markdown() string {
 		{"duplicate storm, no memory / new events (library)", scenLibraryDupDB, scenLibrary},
 		{"duplicate storm / new events (HTTP)", scenHTTPDup, scenHTTP},
 		{"txhook HTTP / baseline pgx HTTP", scenHTTP, scenBaselineHTTP},
-		{"inbox accept / sync route (HTTP)", scenInboxAccept, scenInboxSync},
-		{"inbox end to end / River empty jobs", scenInboxE2E, scenRiverEmpty},
-		{"River empty jobs / limit", scenRiverEmpty, scenLimit},
 		{"txhook AMQP consumer / hand-written AMQP consumer", scenAMQP, scenAMQPBaseline},
 	}
+	rows = append(rows, inboxRatios...)
 	for _, row := range rows {
 		var vals []string
 		for _, c := range r.opts.conc {
@@ -299,15 +295,16 @@ func (r *report) markdown() string {
 		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
 	}
 	for _, c := range r.opts.conc {
-		target(fmt.Sprintf("inbox end to end at concurrency %d vs River's empty jobs", c), r.ratio(scenInboxE2E, scenRiverEmpty, c), inboxE2ETarget)
-	}
-	for _, c := range r.opts.conc {
-		if x, ok := r.find(scenInboxAccept, c); ok {
-			verdict := "met"
-			if x.P99 >= 20*time.Millisecond {
-				verdict = "**missed**"
+		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the baseline pgx HTTP", c), r.ratio(scenHTTP, scenBaselineHTTP, c), httpBaselineTarget)
+		if h, ok1 := r.find(scenHTTP, c); ok1 {
+			if bl, ok2 := r.find(scenBaselineHTTP, c); ok2 && h.DB.HasPG && bl.DB.HasPG {
+				verdict := "met"
+				if h.DB.CPU > bl.DB.CPU {
+					verdict = "**missed**"
+				}
+				p("- PostgreSQL's CPU per event at concurrency %d, txhook HTTP vs the baseline: %.3f vs %.3f ms, %.2f× (target ≤ 1×): %s",
+					c, h.DB.CPU, bl.DB.CPU, h.DB.CPU/bl.DB.CPU, verdict)
 			}
-			p("- inbox accept p99 at concurrency %d: %s ms (target < 20 ms): %s", c, ms(x.P99), verdict)
 		}
 	}
 	for _, c := range r.opts.conc {
@@ -315,6 +312,7 @@ func (r *report) markdown() string {
 			target(fmt.Sprintf("txhook AMQP consumer at concurrency %d vs the hand-written one", c), r.ratio(scenAMQP, scenAMQPBaseline, c), amqpTarget)
 		}
 	}
+	r.inboxTargets(p, target)
 	r.explain(p)
 	r.explainInbox(p)
 	p("")
@@ -324,7 +322,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty, scenAMQP, scenAMQPBaseline} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenRiverAccept, scenInboxSync, scenInboxE2E, scenRiverE2E, scenInboxE2ETuned, scenRiverE2ETuned, scenInboxDup, scenRiverDup, scenAMQP, scenAMQPBaseline} {
 		if _, ok := r.find(s, r.opts.conc[0]); !ok {
 			continue // not measured in this run
 		}
@@ -365,6 +363,7 @@ func (r *report) markdown() string {
 			p("  running at once, so at this concurrency they can pass the limit: read ratios above 1× here that way.")
 		}
 	}
+	r.walByRelation(p)
 	if r.profile.text != "" {
 		p("")
 		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)
@@ -486,30 +485,5 @@ func (r *report) explain(p func(string, ...any)) {
 				a[profileAreas[1].label], a[profileAreas[0].label], a[profileAreas[3].label], a[profileAreas[2].label])
 			p("  crypto %.1f%%, txhook's own functions %.1f%%.", a[profileAreas[4].label], r.dupProfile.own)
 		}
-	}
-}
-
-// explainInbox tells what separates the inbox's end-to-end row from
-// River's empty jobs at the profiled concurrency.
-func (r *report) explainInbox(p func(string, ...any)) {
-	c := r.profConc
-	if c == 0 {
-		c = profileConcurrency
-	}
-	e2e, ok1 := r.find(scenInboxE2E, c)
-	rv, ok2 := r.find(scenRiverEmpty, c)
-	acc, ok3 := r.find(scenInboxAccept, c)
-	if !ok1 || !ok2 || !ok3 {
-		return
-	}
-	cpu := func(x cell) float64 { return x.CPU.Client + x.CPU.Receiver + x.CPU.Rest }
-	busy := e2e.Rate * cpu(e2e) / 1000
-	p("")
-	p("What separates inbox end to end from River's empty jobs at concurrency %d: an inbox event spends %.2f ms of", c, cpu(e2e))
-	p("CPU (load generator, River's workers and PostgreSQL together), River's empty job %.2f ms (%.2f× as much), the", cpu(rv), cpu(e2e)/cpu(rv))
-	p("inbox's accept alone %.2f ms. The end-to-end row keeps %.1f of the machine's %d CPUs busy.", cpu(acc), busy, runtime.NumCPU())
-	if busy >= 0.8*float64(runtime.NumCPU()) {
-		p("Its rate is then about the CPUs over its CPU per event: %.1f× River's rate would take an event (the HTTP", inboxE2ETarget)
-		p("exchange, the accept, River's job and the apply) costing at most %.2f ms.", cpu(rv)/inboxE2ETarget)
 	}
 }

@@ -312,13 +312,33 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 		list = append(list, amqpScenarios(o, c, ab)...)
 	}
 
+	if o.only != nil {
+		list = slices.DeleteFunc(list, func(sc scenario) bool { return !o.only.MatchString(sc.name) })
+	}
+	probe, err := newDBProbe(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer probe.close()
 	rounds := map[string][]sample{}
 	for r := range o.rounds {
 		for _, sc := range list {
 			checkpoint(ctx, dbURL)
+			before, err := probe.read(ctx)
+			if err != nil {
+				return nil, err
+			}
 			s, err := sc.measure(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("%s at concurrency %d: %w", sc.name, c, err)
+			}
+			after, err := probe.read(ctx)
+			if err != nil {
+				return nil, err
+			}
+			s.db = between(before, after)
+			if c == profileConcurrency && r == o.rounds-1 {
+				s.walRels = probe.walByRelation(ctx, before, after, s.total)
 			}
 			logf("c=%-3d round %d/%d %-26s %8.0f events/s", c, r+1, o.rounds, sc.name, s.rate())
 			rounds[sc.name] = append(rounds[sc.name], s)

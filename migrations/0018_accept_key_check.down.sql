@@ -1,0 +1,1 @@
+DROP FUNCTION txhook_raise_key_recorded(text, text);

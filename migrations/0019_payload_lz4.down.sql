@@ -1,0 +1,1 @@
+ALTER TABLE txhook_processed_events ALTER COLUMN payload SET COMPRESSION default;
