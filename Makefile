@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook inbox examples/github-pushes
+MODULES := . tests otelhook inbox natsconsumer examples/github-pushes
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench bench-scale fuzz screenshots
 

@@ -64,6 +64,8 @@ type Spec struct {
 	Name string
 	// Bin is the executable.
 	Bin string
+	// Args are its arguments.
+	Args []string
 	// Env is its whole environment (see Env).
 	Env []string
 	// Addr is the address it listens on once ready.
@@ -91,7 +93,7 @@ type Process struct {
 // fails, leaving no process behind, when the process exits first, ctx ends
 // or ReadyTimeout passes.
 func Start(ctx context.Context, s Spec) (*Process, error) {
-	cmd := exec.Command(s.Bin)
+	cmd := exec.Command(s.Bin, s.Args...)
 	cmd.Env = s.Env
 	cmd.Stdout, cmd.Stderr = s.Output, s.Output
 	if err := cmd.Start(); err != nil {
