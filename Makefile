@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook inbox natsconsumer examples/github-pushes
+MODULES := . tests otelhook inbox natsconsumer examples/stripe-orders examples/github-pushes cmd/demo
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench bench-scale fuzz screenshots
 
@@ -54,7 +54,7 @@ unit:
 ## demo: the exactly-once story: a duplicate, a crash and its retry, the naive dedupe losing an event;
 ## then GitHub (never retries) in inbox mode: a push failing once and a process killed mid-job, each applied once.
 demo:
-	$(GO) run ./cmd/demo
+	cd cmd/demo && $(GO) run .
 
 ## chaos: a provider that will not give up against a server that keeps dying (5,000 events, 60 kills);
 ## then the same against three receiver processes on one database, sent deliveries round robin

@@ -8,15 +8,16 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/riverqueue/river v0.51.2
+	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 	github.com/riverqueue/river/rivertype v0.51.2
 	github.com/stripe/stripe-go/v82 v82.5.1
 	github.com/txhook/txhook v0.0.0
+	github.com/txhook/txhook/examples/stripe-orders v0.0.0
 	github.com/txhook/txhook/inbox v0.0.0-00010101000000-000000000000
 )
 
 require (
 	github.com/riverqueue/river/riverdriver v0.51.2 // indirect
-	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2 // indirect
 	github.com/riverqueue/river/rivershared v0.51.2 // indirect
 	github.com/tidwall/gjson v1.20.0 // indirect
 	github.com/tidwall/match v1.2.0 // indirect
@@ -38,5 +39,7 @@ require (
 )
 
 replace github.com/txhook/txhook/examples/github-pushes => ../examples/github-pushes
+
+replace github.com/txhook/txhook/examples/stripe-orders => ../examples/stripe-orders
 
 replace github.com/txhook/txhook/inbox => ../inbox

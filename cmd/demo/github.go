@@ -37,7 +37,7 @@ const appliedWait = 90 * time.Second
 // buildGitHubPushes builds the github-pushes example into dir and returns
 // its binary.
 func buildGitHubPushes(ctx context.Context, dir string) (string, error) {
-	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/txhook/txhook").Output()
 	if err != nil {
 		return "", fmt.Errorf("find the repository (go list -m): %w", err)
 	}

@@ -1,5 +1,5 @@
 // Command demo tells txhook's story with real processes, real signatures and
-// a real PostgreSQL: run it with `make demo` (or `go run ./cmd/demo`) from
+// a real PostgreSQL: run it with `make demo` (or `go run -C cmd/demo .`) from
 // the repository.
 //
 // It starts the stripe-orders example as a child process and, acting as

@@ -26,7 +26,7 @@
 //
 // Run it with:
 //
-//	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run ./examples/stripe-orders
+//	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run -C examples/stripe-orders .
 //
 // Once it is ready it logs a line with msg=listening and the address.
 //
