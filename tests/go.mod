@@ -43,3 +43,5 @@ replace github.com/txhook/txhook/examples/github-pushes => ../examples/github-pu
 replace github.com/txhook/txhook/examples/stripe-orders => ../examples/stripe-orders
 
 replace github.com/txhook/txhook/inbox => ../inbox
+
+replace github.com/txhook/txhook/natsconsumer => ../natsconsumer

@@ -22,6 +22,9 @@ type config struct {
 	// /txhook/ behind HTTP basic auth, user admin, with this password
 	// (CONSOLE_PASSWORD). Optional: without it there is no console.
 	ConsolePassword string
+	// NATSURL, when set, makes the example also apply the events published
+	// to the JetStream stream ORDERS (NATS_URL; see nats.go). Optional.
+	NATSURL string
 }
 
 // defaultAddr is the listen address when ADDR is unset.
@@ -37,6 +40,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		FulfillmentURL: strings.TrimSpace(getenv("FULFILLMENT_URL")),
 		// Not trimmed: a password's spaces are its own.
 		ConsolePassword: getenv("CONSOLE_PASSWORD"),
+		NATSURL:         strings.TrimSpace(getenv("NATS_URL")),
 	}
 	if c.Addr == "" {
 		c.Addr = defaultAddr

@@ -39,7 +39,7 @@ func get(t *testing.T, cl *http.Client, u, user, pass string) (int, string) {
 func TestConsoleOnlyWithAPassword(t *testing.T) {
 	t.Parallel()
 	tdb := testdb.New(t, template)
-	h, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, _, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestConsoleOnlyWithAPassword(t *testing.T) {
 func TestConsoleBehindBasicAuthReplays(t *testing.T) {
 	t.Parallel()
 	tdb := testdb.New(t, template)
-	h, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret, ConsolePassword: "s3cret pw"},
+	h, _, err := newHandler(tdb.Pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret, ConsolePassword: "s3cret pw"},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

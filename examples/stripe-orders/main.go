@@ -22,6 +22,8 @@
 //	FULFILLMENT_URL        fulfillment service for payment_intent.succeeded (optional)
 //	CONSOLE_PASSWORD       serves txhook's operator console at /txhook/, HTTP basic
 //	                       auth with user admin and this password (optional)
+//	NATS_URL               also applies the events of the JetStream stream ORDERS
+//	                       (optional; see below)
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // Run it with:
@@ -29,6 +31,16 @@
 //	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run -C examples/stripe-orders .
 //
 // Once it is ready it logs a line with msg=listening and the address.
+//
+// With NATS_URL set, it also consumes the JetStream stream ORDERS (created if
+// missing, subjects orders.>): each message is a Stripe event's JSON body,
+// its event id in the Nats-Msg-Id header and its type the rest of the
+// subject after "orders." (orders.checkout.session.completed). The events
+// go through the same routes and tables as the webhooks (source stripe), so
+// an event that arrives both ways is applied once; a message without
+// Nats-Msg-Id goes to the stream ORDERS_DEAD (subject orders-dead), never
+// applied. The durable consumer is stripe-orders (AckWait 30s, MaxDeliver
+// 10), created if missing.
 //
 // The same binary runs txhook's operations commands with the example's own
 // handlers, so that failed events can be replayed from the command line
@@ -79,7 +91,7 @@ func txhookCommands(getenv func(string) string) *cli.Config {
 	return &cli.Config{
 		Name: "stripe-orders txhook",
 		NewReplayer: func(ctx context.Context, pool *pgxpool.Pool) (*txhook.Replayer, error) {
-			proc, err := newProcessor(pool)
+			proc, err := newProcessor(pool, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -99,7 +111,7 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		return err
 	}
 	defer pool.Close()
-	h, err := newHandler(pool, cfg, log)
+	h, proc, err := newHandler(pool, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -117,6 +129,14 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      fulfillmentLease + 15*time.Second,
 		IdleTimeout:       2 * time.Minute,
+	}
+	if cfg.NATSURL != "" {
+		stopNATS, err := startNATS(ctx, cfg.NATSURL, proc, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopNATS() // after the HTTP server's shutdown: the messages in flight are applied and acknowledged
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/stripe")
 	if cfg.ConsolePassword != "" {

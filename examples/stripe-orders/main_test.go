@@ -66,7 +66,7 @@ type fixture struct {
 func setup(t *testing.T, fulfillmentURL string) *fixture {
 	t.Helper()
 	tdb := testdb.New(t, template)
-	h, err := newHandler(tdb.Pool, config{
+	h, _, err := newHandler(tdb.Pool, config{
 		DatabaseURL:    tdb.URL,
 		WebhookSecret:  testSecret,
 		FulfillmentURL: fulfillmentURL,
@@ -443,7 +443,7 @@ func TestLoadConfig(t *testing.T) {
 func TestCheckoutRoundTrips(t *testing.T) {
 	tdb := testdb.New(t, template)
 	pool, rt := pgtrace.Pool(t, tdb.URL)
-	h, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, _, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

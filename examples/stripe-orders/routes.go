@@ -22,13 +22,15 @@ const source = "stripe"
 // newHandler returns the example's HTTP handler: POST /webhooks/stripe,
 // verified with the endpoint's signing secret and applied through a txhook
 // processor on pool; and, when cfg.ConsolePassword is set, txhook's
-// operator console at /txhook/ behind HTTP basic auth (user admin).
-func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, error) {
-	proc, err := newProcessor(pool)
-	if err != nil {
-		return nil, err
-	}
+// operator console at /txhook/ behind HTTP basic auth (user admin). The
+// processor it returns holds the same routes (Config.Routes), for the
+// broker consumers.
+func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler, *txhook.Processor, error) {
 	rs := routes(cfg)
+	proc, err := newProcessor(pool, registry(rs))
+	if err != nil {
+		return nil, nil, err
+	}
 	ep, err := handler.New(proc, &handler.Config{
 		Source:   source,
 		Provider: &handler.Stripe{Secrets: splitSecrets(cfg.WebhookSecret)},
@@ -36,14 +38,14 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		Logger:   log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("new endpoint: %w", err)
+		return nil, nil, fmt.Errorf("new endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /webhooks/stripe", ep)
 	if cfg.ConsolePassword != "" {
 		replayer, err := newReplayer(pool, proc, rs)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		console := admin.New(pool, &admin.Config{
 			AllowWrites: true,
@@ -53,18 +55,19 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 		})
 		mux.Handle("/txhook/", http.StripPrefix("/txhook", basicAuth(consoleUser, cfg.ConsolePassword, console)))
 	}
-	return mux, nil
+	return mux, proc, nil
 }
 
-// newProcessor returns the example's txhook processor on pool.
-func newProcessor(pool *pgxpool.Pool) (*txhook.Processor, error) {
+// newProcessor returns the example's txhook processor on pool, with reg as
+// its routes (nil for none).
+func newProcessor(pool *pgxpool.Pool, reg *txhook.Routes) (*txhook.Processor, error) {
 	// StorePayload keeps each event's body, so that an event recorded as
 	// failed can be replayed by an operator. The handlers only decode, check
 	// and write through their transaction, so the dedupe step can travel
 	// with their first statement (DedupeWithFirstStatement): one round trip
 	// fewer per event. With the write checkout.session.completed defers to
 	// COMMIT, one of those events costs two round trips.
-	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true, DedupeWithFirstStatement: true})
+	proc, err := txhook.NewProcessor(pool, &txhook.Config{StorePayload: true, DedupeWithFirstStatement: true, Routes: reg})
 	if err != nil {
 		return nil, fmt.Errorf("new processor: %w", err)
 	}
@@ -83,6 +86,21 @@ func routes(cfg config) map[string]handler.Route {
 		rs["payment_intent.succeeded"] = handler.Lease(f.leaseHandler())
 	}
 	return rs
+}
+
+// registry returns rs, the endpoint's routes, as txhook's registry of the
+// source: the same handlers, for the broker consumers (Processor.Deliver).
+func registry(rs map[string]handler.Route) *txhook.Routes {
+	reg := txhook.NewRoutes()
+	for typ, r := range rs {
+		switch r := r.(type) {
+		case *handler.TxRoute:
+			reg.Transactional(source, typ, r.Handler)
+		case *handler.LeaseRoute:
+			reg.Lease(source, typ, r.Handler)
+		}
+	}
+	return reg
 }
 
 // newReplayer returns a Replayer that runs failed events again through the

@@ -29,7 +29,8 @@ import (
 // values its starter gives it.
 var ReceiverSettings = []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "ADDR", "FULFILLMENT_URL", "TXHOOK_CRASH_POINT",
 	"GITHUB_WEBHOOK_SECRET", "GITHUB_API_URL", "GITHUB_TOKEN", "GITHUB_REPOSITORY", "GITHUB_HOOK_ID",
-	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF", "APPLY_MODE", "INBOX_JOB_TIMEOUT", "FAIL_FIRST_TRY"}
+	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF", "APPLY_MODE", "INBOX_JOB_TIMEOUT", "FAIL_FIRST_TRY",
+	"NATS_URL"}
 
 // Build compiles pkgs into dir with one go build and returns each binary's
 // path, by package.
