@@ -60,12 +60,14 @@ demo:
 ## then the same against three receiver processes on one database, sent deliveries round robin
 ## (3,000 events, 36 kills, each on a receiver drawn at random);
 ## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
-## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once.
+## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once;
+## then NATS JetStream: 5,000 events published (some again), the consumer SIGKILLed 24 times, nats-server and PostgreSQL restarted once.
 chaos:
 	cd tests && $(GO) run ./chaos
 	cd tests && $(GO) run ./chaos -receivers 3 -events 3000 -kills 36
 	cd tests && $(GO) run ./chaos -github
 	cd tests && $(GO) run ./chaos -inbox
+	cd tests && $(GO) run ./chaos -nats
 
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md
 ## (the example over HTTP as one process and as three on one database, among the rows).

@@ -45,6 +45,15 @@
 // the example's own River workers. It reports how many pushes were not
 // answered 2xx: those a person or the sweeper must resend.
 //
+// With -nats the example consumes the JetStream stream ORDERS of a
+// nats-server of the run's own instead: -events Stripe events (default
+// 5,000) are published with their ids in Nats-Msg-Id, some again with the
+// same id (a publisher's retries, within and after the stream's duplicate
+// window), while the example is SIGKILLed -kills times (default 24, some
+// restarts with a crash point armed), nats-server is killed and restarted
+// once and PostgreSQL (durable) once; every event must be applied exactly
+// once and every message acknowledged.
+//
 // Run it with `make chaos`, or from the tests module: go run ./chaos -h.
 package main
 
@@ -79,6 +88,7 @@ func main() {
 	quiet := flag.Bool("q", false, "print only the summary line")
 	github := flag.Bool("github", false, "run the GitHub scenario: pushes delivered once, failures recovered by the redelivery sweeper")
 	inboxMode := flag.Bool("inbox", false, "run the inbox scenario: pushes delivered once, no sweeper; the receiver's River queue applies every push answered 2xx")
+	natsMode := flag.Bool("nats", false, "run the NATS JetStream scenario: events published to the example's stream ORDERS, the consumer SIGKILLed, nats-server and PostgreSQL restarted once")
 	flag.Parse()
 	cfg.Seed = *seed
 	if !*quiet {
@@ -86,7 +96,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
-	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode)) {
+	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode || *natsMode)) {
 		fmt.Fprintln(os.Stderr, "chaos: -receivers must be at least 1, and above 1 only in the Stripe scenario")
 		os.Exit(2)
 	}
@@ -96,6 +106,9 @@ func main() {
 	}
 	if *inboxMode {
 		scenario = runInboxMain
+	}
+	if *natsMode {
+		scenario = runNATSMain
 	}
 	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {
