@@ -31,10 +31,13 @@ type Config struct {
 	// same source and key are one event. The Processor must have a route for
 	// it (Config.Routes). Required.
 	Source string
-	// MaxInFlight is the most messages the consumer holds at once: fetched
-	// from the server and not yet acknowledged, each applied by its own
-	// goroutine. It bounds the database connections the consumer uses too.
-	// Defaults to 8.
+	// MaxInFlight is the most messages applied at once, each by a goroutine
+	// of its own; it bounds the database connections the Consumer uses.
+	// nats.go fetches up to as many more ahead, so the Consumer holds at
+	// most twice MaxInFlight unacknowledged (the server's consumer setting
+	// MaxAckPending must allow it). A message fetched ahead waits for a
+	// free slot before its InProgress signals start: keep AckWait well
+	// above the time MaxInFlight messages take. Defaults to 8.
 	MaxInFlight int
 	// TypeHeader is the message header that holds the event's type. When a
 	// message has it, it wins over the subject (TypeSubjectPrefix).
@@ -92,14 +95,6 @@ const (
 	reasonHeader   = "Txhook-Dead-Letter-Reason"   // why it was refused
 	subjectHeader  = "Txhook-Dead-Letter-Subject"  // its subject
 	sequenceHeader = "Txhook-Dead-Letter-Sequence" // STREAM:SEQUENCE it had
-)
-
-// fetchWait is how long one pull request waits for messages, and
-// fetchHeartbeat the server's heartbeat within it: a pull request lost with
-// a connection (a server restart) is noticed after two missed heartbeats.
-const (
-	fetchWait      = 10 * time.Second
-	fetchHeartbeat = time.Second
 )
 
 // Consumer applies the messages of a JetStream pull consumer exactly once
@@ -253,7 +248,7 @@ func (c *Consumer) Stop(ctx context.Context) error {
 	return fmt.Errorf("natsconsumer: stop: %w", ctx.Err())
 }
 
-// run fetches messages while there is room for them and hands each to a
+// run pulls messages while there is room for them and hands each to a
 // goroutine of its own, until Stop or ctx; then it waits for them.
 func (c *Consumer) run(ctx context.Context) {
 	var wg sync.WaitGroup
@@ -262,88 +257,93 @@ func (c *Consumer) run(ctx context.Context) {
 		c.cancel()
 		close(c.done)
 	}()
-	fctx, cancelFetch := context.WithCancel(ctx)
-	defer cancelFetch()
-	go func() {
-		select {
-		case <-c.stopping:
-			cancelFetch()
-		case <-fctx.Done():
-		}
-	}()
 	free := make(chan struct{}, c.cfg.MaxInFlight) // a token per free slot
 	for range c.cfg.MaxInFlight {
 		free <- struct{}{}
 	}
 	failures := 0
 	for {
-		select {
-		case <-free:
-		case <-fctx.Done():
-			return
-		}
-		n := 1
-	more:
-		for n < c.cfg.MaxInFlight {
-			select {
-			case <-free:
-				n++
-			default:
-				break more
-			}
-		}
-		got, err := c.fetch(fctx, n, func(msg jetstream.Msg) {
-			wg.Go(func() {
-				defer func() { free <- struct{}{} }()
-				c.handle(ctx, msg)
-			})
-		})
-		for range n - got {
-			free <- struct{}{}
-		}
+		err := c.pull(ctx, free, &wg)
 		switch {
-		case fctx.Err() != nil:
+		case c.stopped(ctx):
 			return
 		case errors.Is(err, nats.ErrConnectionClosed):
-			c.err = fmt.Errorf("natsconsumer: fetch: %w", err)
+			c.err = fmt.Errorf("natsconsumer: pull messages: %w", err)
 			c.cfg.Logger.LogAttrs(ctx, slog.LevelError, "txhook: consumer stopped: its NATS connection is closed",
 				slog.String("source", c.cfg.Source), slog.String("error", err.Error()))
 			return
-		case err != nil:
-			failures++
-			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "txhook: fetch messages",
-				slog.String("source", c.cfg.Source), slog.String("error", err.Error()))
-			select { // a server that answers errors is not asked in a loop
-			case <-time.After(c.backoff.Delay(failures)):
-			case <-fctx.Done():
-				return
-			}
-		default:
-			failures = 0
+		}
+		failures++
+		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "txhook: pull messages",
+			slog.String("source", c.cfg.Source), slog.String("error", err.Error()))
+		select { // a server that answers errors is not asked in a loop
+		case <-time.After(c.backoff.Delay(failures)):
+		case <-c.stopping:
+		case <-ctx.Done():
 		}
 	}
 }
 
-// fetch asks the server for up to n messages and hands each to deliver as it
-// arrives, until n came, the pull request expired, or ctx ended. It returns
-// how many came, and why the request ended early.
-func (c *Consumer) fetch(ctx context.Context, n int, deliver func(jetstream.Msg)) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, fetchWait)
-	defer cancel()
-	batch, err := c.cons.Fetch(n, jetstream.FetchContext(ctx), jetstream.FetchHeartbeat(fetchHeartbeat))
+// stopped reports whether Stop was called or ctx ended.
+func (c *Consumer) stopped(ctx context.Context) bool {
+	select {
+	case <-c.stopping:
+		return true
+	default:
+		return ctx.Err() != nil
+	}
+}
+
+// pull reads messages from one pull subscription (Messages) and hands
+// each to a goroutine of its own once a slot is free: at most MaxInFlight
+// are applied at once, and nats.go asks the server for at most as many
+// more ahead. After Stop the subscription drains: the messages fetched ahead
+// are applied too, none is asked for. nats.go makes the pull request again
+// after a reconnect. pull returns when the subscription is drained or ctx
+// ends (nil), or when it fails.
+func (c *Consumer) pull(ctx context.Context, free chan struct{}, wg *sync.WaitGroup) error {
+	it, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxInFlight))
 	if err != nil {
-		return 0, err
+		return err
 	}
-	got := 0
-	for msg := range batch.Messages() {
-		got++
-		deliver(msg)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-c.stopping:
+			it.Drain()
+			return
+		case <-ctx.Done():
+		case <-done:
+		}
+		it.Stop()
+	}()
+	for {
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return nil
+		}
+		// A bounded wait: nats.go v1.55 can miss making the next pull
+		// request when a message arrives while it is still sending the
+		// previous one; the next call makes it.
+		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
+		switch {
+		case errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoHeartbeat):
+			free <- struct{}{} // nothing came; a pull request lost with a reconnect is made again
+			continue
+		case err != nil:
+			free <- struct{}{}
+			if c.stopped(ctx) {
+				return nil
+			}
+			return err
+		}
+		wg.Go(func() {
+			defer func() { free <- struct{}{} }()
+			c.handle(ctx, msg)
+		})
 	}
-	err = batch.Error()
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		err = nil // the pull request's time ran out, or Stop
-	}
-	return got, err
 }
 
 // handle applies one message and settles it: acknowledged once its event

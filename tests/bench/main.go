@@ -17,7 +17,9 @@
 //   - baseline HTTP: a hand-written pgx receiver doing the same work;
 //   - inbox mode: its accept rate over HTTP beside the synchronous route on
 //     the same endpoint, its rate and latency from accept to applied, and
-//     River's own rate (one empty job per transaction) on the same database.
+//     River's own rate (one empty job per transaction) on the same database;
+//   - NATS JetStream: natsconsumer beside a hand-written consumer, each
+//     message published and awaited until acknowledged after its COMMIT.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
 // durability settings (fsync, synchronous_commit and full_page_writes on).
@@ -54,6 +56,8 @@ func main() {
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
+	flag.BoolVar(&o.nats, "nats", true, "also measure the NATS JetStream consumer beside a hand-written one (needs nats-server)")
+	flag.BoolVar(&o.onlyNATS, "only-nats", false, "measure only the NATS rows (a quick check; no ratios to the limit)")
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
@@ -116,6 +120,8 @@ type options struct {
 	profile  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
+	// nats adds the NATS rows; onlyNATS measures nothing else.
+	nats, onlyNATS bool
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
 	scale         bool

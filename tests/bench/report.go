@@ -258,6 +258,7 @@ func (r *report) markdown() string {
 		{"inbox end to end / River empty jobs", scenInboxE2E, scenRiverEmpty},
 		{"River empty jobs / limit", scenRiverEmpty, scenLimit},
 	}
+	rows = append(rows, natsRatios...)
 	for _, row := range rows {
 		var vals []string
 		for _, c := range r.opts.conc {
@@ -305,6 +306,7 @@ func (r *report) markdown() string {
 	}
 	r.explain(p)
 	r.explainInbox(p)
+	r.describeNATS(p)
 	p("")
 	p("## Where the time goes")
 	p("")
@@ -312,7 +314,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenInboxSync, scenInboxE2E, scenRiverEmpty, scenNATS, scenNATSHand} {
 		if _, ok := r.find(s, r.opts.conc[0]); !ok {
 			continue // not measured in this run
 		}

@@ -295,6 +295,17 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 		}
 		list = append(list, inboxScenarios(o, c, ib)...)
 	}
+	if o.nats || o.onlyNATS {
+		nb, err := newNATSBench(ctx, dbURL, c)
+		if err != nil {
+			return nil, fmt.Errorf("NATS rows at concurrency %d: %w", c, err)
+		}
+		defer nb.stop()
+		if o.onlyNATS {
+			list = nil
+		}
+		list = append(list, natsScenarios(o, c, nb)...)
+	}
 
 	rounds := map[string][]sample{}
 	for r := range o.rounds {
