@@ -93,6 +93,9 @@
 //     PermanentError, kept for replay (a dead letter).
 //   - queued: inbox mode's accepted and not yet applied key (Accept); a
 //     delivery of it is a duplicate, and its job applies it (ApplyQueued).
+//   - refused: a delivery that can never be applied (no usable key, an
+//     invalid type): answered 400 by the HTTP endpoint, sent to its
+//     dead-letter destination by a queue consumer; nothing is recorded.
 //   - in flight: a key another delivery holds (its transaction has not
 //     ended, or its lease is live); the sender must retry later.
 //   - duplicate filter: the memory of done keys (Config.RecentKeys) and the

@@ -49,17 +49,18 @@
 // While a message is applied, the Consumer tells the server every third of
 // its ack wait (AckWait, or the consumer's BackOff entry for the delivery)
 // that it is in progress, so a handler may run past AckWait. At most
-// Config.MaxInFlight messages are held at once: the Consumer fetches only
-// as many as it has room for, each applied by its own goroutine. Stop
-// fetches no more, waits for the messages held, and returns.
+// Config.MaxInFlight messages are applied at once, each by its own
+// goroutine, from one pull subscription that fetches up to as many ahead.
+// Stop fetches no more, applies the messages already fetched, waits for
+// them, and returns.
 //
 // # Connections
 //
-// nats.go reconnects by itself; connect with nats.MaxReconnects(-1), so that
-// the connection is never given up. A pull request lost with a server
-// restart is noticed after two missed heartbeats and made again. An ack
-// that cannot reach the server after COMMIT is harmless: the message is
-// delivered again and answered as a duplicate.
+// nats.go reconnects by itself, and its pull subscription asks for messages
+// again after a reconnect; connect with nats.MaxReconnects(-1), so that the
+// connection is never given up (a closed connection ends the Consumer: Stop
+// returns why). An ack that cannot reach the server after COMMIT is
+// harmless: the message is delivered again and answered as a duplicate.
 //
 // # Setup
 //
