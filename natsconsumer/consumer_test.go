@@ -1,9 +1,11 @@
 package natsconsumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +29,24 @@ func routes(h txhook.HandlerFunc) *txhook.Routes {
 	return rs
 }
 
+// syncBuffer is a bytes.Buffer safe for concurrent use, for logs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // wantAnswers fails t unless key was reported with want, in order.
 func wantAnswers(t *testing.T, rep *reports, key string, want ...handler.Answer) {
 	t.Helper()
@@ -44,7 +64,9 @@ func TestAppliedOnceAcrossPublisherRetries(t *testing.T) {
 	b := setup(t, natsserver.URL(t), jetstream.StreamConfig{Duplicates: 200 * time.Millisecond})
 	cons := b.consumer(t, jetstream.ConsumerConfig{})
 	var rep reports
-	b.start(t, b.processor(t, routes(apply)), nil, natsconsumer.Config{}, &rep)
+	var logs syncBuffer
+	b.start(t, b.processor(t, routes(apply)), nil, natsconsumer.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		TypeSubjectPrefix: b.stream + "."}, &rep)
 	b.publish(t, "created", "evt_1", `{}`)
 	b.publish(t, "created", "evt_1", `{}`) // within the window: dropped by the stream
 	b.publish(t, "created", "evt_2", `{}`)
@@ -65,6 +87,10 @@ func TestAppliedOnceAcrossPublisherRetries(t *testing.T) {
 	settled(t, cons)
 	wantApplied(t, b.db.Pool, "evt_1", "evt_2")
 	wantAnswers(t, &rep, "evt_1", handler.AnswerProcessed, handler.AnswerDuplicate)
+	// The HTTP endpoint's line, with the transport and the action.
+	if line := `level=INFO msg="txhook: delivery" source=orders key=evt_2 type=created outcome=processed transport=nats action=ack`; !strings.Contains(logs.String(), line) {
+		t.Errorf("no log line %q in:\n%s", line, logs.String())
+	}
 	info, err := b.js.Stream(t.Context(), b.stream)
 	if err != nil {
 		t.Fatal(err)

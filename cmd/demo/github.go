@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,8 +15,8 @@ import (
 	"github.com/txhook/txhook/internal/localaddr"
 )
 
-// githubPushesDir is the github-pushes example, a module of its own (it
-// runs River), relative to the repository's root.
+// githubPushesDir is the github-pushes example, relative to the
+// repository's root.
 const githubPushesDir = "examples/github-pushes"
 
 // githubSecret is the webhook secret the demo signs GitHub pushes with.
@@ -33,21 +31,6 @@ const githubCrashPoint = txhook.CrashInboxAfterHandler
 // rescuer once a new process leads River's maintenance (up to about 20s
 // after the death) and the job's try is older than twice its timeout.
 const appliedWait = 90 * time.Second
-
-// buildGitHubPushes builds the github-pushes example into dir and returns
-// its binary.
-func buildGitHubPushes(ctx context.Context, dir string) (string, error) {
-	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/txhook/txhook").Output()
-	if err != nil {
-		return "", fmt.Errorf("find the repository (go list -m): %w", err)
-	}
-	bin := filepath.Join(dir, "github-pushes")
-	src := filepath.Join(strings.TrimSpace(string(root)), githubPushesDir)
-	if out, err := exec.CommandContext(ctx, "go", "build", "-C", src, "-o", bin, ".").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %w\n%s", githubPushesDir, err, out)
-	}
-	return bin, nil
-}
 
 // push is one of the chapter's GitHub pushes.
 type push struct {

@@ -81,12 +81,15 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(out, "  Building the stripe-orders example and, for comparison, a naive receiver (go build).")
-	bins, err := childproc.Build(ctx, dir, stripeOrdersPkg, naiveReceiverPkg)
+	bins, err := childproc.Build(ctx, dir, naiveReceiverPkg)
 	if err != nil {
 		return err
 	}
+	if bins[stripeOrdersPkg], err = childproc.BuildModule(ctx, dir, stripeOrdersDir, "."); err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "  Building the github-pushes example (inbox mode, on River).")
-	githubBin, err := buildGitHubPushes(ctx, dir)
+	githubBin, err := childproc.BuildModule(ctx, dir, githubPushesDir, ".")
 	if err != nil {
 		return err
 	}

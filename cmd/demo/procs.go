@@ -8,9 +8,12 @@ import (
 )
 
 // Packages the demo builds and runs as separate processes, so that a crash
-// is a real process exit.
+// is a real process exit. The stripe-orders example is built in its own
+// module (stripeOrdersDir, from the repository's root), with its own
+// dependencies.
 const (
 	stripeOrdersPkg  = "github.com/txhook/txhook/examples/stripe-orders"
+	stripeOrdersDir  = "examples/stripe-orders"
 	naiveReceiverPkg = "github.com/txhook/txhook/cmd/demo/naivereceiver"
 )
 

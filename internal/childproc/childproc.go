@@ -46,6 +46,23 @@ func Build(ctx context.Context, dir string, pkgs ...string) (map[string]string, 
 	return bins, nil
 }
 
+// BuildModule compiles the package pkg (".", or "./name") of the module in
+// rel, a folder of the repository (a module of its own, such as
+// "examples/stripe-orders"), into dir with that module's own dependencies,
+// and returns the binary's path, named after the package's folder.
+func BuildModule(ctx context.Context, dir, rel, pkg string) (string, error) {
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/txhook/txhook").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the repository (go list -m): %w", err)
+	}
+	src := filepath.Join(strings.TrimSpace(string(root)), rel)
+	bin := filepath.Join(dir, filepath.Base(filepath.Join(src, pkg)))
+	if out, err := exec.CommandContext(ctx, "go", "build", "-C", src, "-o", bin, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s in %s: %w\n%s", pkg, rel, err, out)
+	}
+	return bin, nil
+}
+
 // Env returns this process's environment without ReceiverSettings, followed
 // by extra ("KEY=value" each).
 func Env(extra ...string) []string {

@@ -120,19 +120,9 @@ func (r result) summary() string {
 // database, sends the plan to them in turn while killing and restarting
 // them, then checks the database against what was sent.
 func run(ctx context.Context, cfg config) (result, error) {
-	start := time.Now()
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+	start, logf := time.Now(), orDiscard(cfg.Log)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-
-	dir, err := os.MkdirTemp("", "txhook-chaos-")
-	if err != nil {
-		return result{}, fmt.Errorf("create temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
 	pkg := stripeOrdersPkg
 	if cfg.Naive {
 		pkg = naiveReceiverPkg
@@ -143,12 +133,11 @@ func run(ctx context.Context, cfg config) (result, error) {
 			return p != txhook.CrashAfterInsert && p != txhook.CrashAfterHandler // the ones it honours
 		})
 	}
-	logf("building %s", pkg)
-	bins, err := childproc.Build(ctx, dir, pkg)
+	bin, remove, err := buildReceiver(ctx, logf, pkg)
 	if err != nil {
 		return result{}, err
 	}
-	bin := bins[pkg]
+	defer remove()
 
 	tag := randomTag()
 	secret := "whsec_chaos_" + tag
@@ -431,6 +420,37 @@ func durableURL(dbURL string) string {
 	q.Set("synchronous_commit", "on")
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// orDiscard returns log, or a function that discards its lines when log is
+// nil.
+func orDiscard(log func(string, ...any)) func(string, ...any) {
+	if log == nil {
+		return func(string, ...any) {}
+	}
+	return log
+}
+
+// buildReceiver builds pkg into a new temporary folder and returns its
+// binary and a function that removes the folder.
+func buildReceiver(ctx context.Context, logf func(string, ...any), pkg string) (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "txhook-chaos-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	logf("building %s", pkg)
+	if pkg == naiveReceiverPkg {
+		bin, err = childproc.BuildModule(ctx, dir, naiveReceiverModule, naiveReceiverDir)
+	} else {
+		var bins map[string]string
+		bins, err = childproc.Build(ctx, dir, pkg)
+		bin = bins[pkg]
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
 }
 
 func randomTag() string {

@@ -146,23 +146,14 @@ func runNATSMain(ctx context.Context, cfg config, dbURL string, restartDB bool) 
 // PostgreSQL once, waits until the consumer has acknowledged every message,
 // and checks the database against what was published.
 func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
-	start := time.Now()
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+	start, logf := time.Now(), orDiscard(cfg.Log)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "txhook-chaos-nats-")
-	if err != nil {
-		return natsResult{}, fmt.Errorf("create temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	logf("building %s", stripeOrdersPkg)
-	bins, err := childproc.Build(ctx, dir, stripeOrdersPkg)
+	bin, remove, err := buildReceiver(ctx, logf, stripeOrdersPkg)
 	if err != nil {
 		return natsResult{}, err
 	}
+	defer remove()
 	srv, err := natsserver.Start(ctx, "")
 	if err != nil {
 		return natsResult{}, fmt.Errorf("start nats-server: %w", err)
@@ -199,7 +190,7 @@ func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
 		return res, err
 	}
 	env := []string{"DATABASE_URL=" + durableURL(cfg.DatabaseURL), "STRIPE_WEBHOOK_SECRET=whsec_chaos_" + tag, "NATS_URL=" + srv.URL}
-	l := &launcher{bin: bins[stripeOrdersPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
+	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
 		cfg:     config{CrashRate: cfg.CrashRate, CrashPoints: cfg.CrashPoints},
 		killReq: make(chan struct{}), up: make(chan struct{})}

@@ -17,6 +17,13 @@ const (
 	naiveReceiverPkg = "github.com/txhook/txhook/cmd/demo/naivereceiver"
 )
 
+// naiveReceiverModule and naiveReceiverDir are where the naive receiver is
+// built: in the demo's module, a module of its own.
+const (
+	naiveReceiverModule = "cmd/demo"
+	naiveReceiverDir    = "./naivereceiver"
+)
+
 // launcher starts the example with a fixed environment on a fixed address.
 type launcher struct {
 	bin  string
