@@ -1,7 +1,6 @@
 package natsconsumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/natsserver"
 	"github.com/txhook/txhook/natsconsumer"
 )
@@ -27,24 +27,6 @@ func routes(h txhook.HandlerFunc) *txhook.Routes {
 	rs := txhook.NewRoutes()
 	rs.Transactional(source, "", h)
 	return rs
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use, for logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // wantAnswers fails t unless key was reported with want, in order.
@@ -64,7 +46,7 @@ func TestAppliedOnceAcrossPublisherRetries(t *testing.T) {
 	b := setup(t, natsserver.URL(t), jetstream.StreamConfig{Duplicates: 200 * time.Millisecond})
 	cons := b.consumer(t, jetstream.ConsumerConfig{})
 	var rep reports
-	var logs syncBuffer
+	var logs childproc.Output // safe for concurrent writes
 	b.start(t, b.processor(t, routes(apply)), nil, natsconsumer.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		TypeSubjectPrefix: b.stream + "."}, &rep)
 	b.publish(t, "created", "evt_1", `{}`)

@@ -3,7 +3,6 @@ package natsconsumer_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
 	"github.com/txhook/txhook/internal/testdb"
-	"github.com/txhook/txhook/migrations"
 	"github.com/txhook/txhook/natsconsumer"
 )
 
@@ -29,27 +27,11 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 const waitBound = 10 * time.Second
 
 // template is txhook's schema and the tests' applied table.
-var template = testdb.Template{
-	Name:  "natsconsumer",
-	Files: []fs.FS{migrations.FS},
-	Migrate: func(ctx context.Context, url string) error {
-		if err := migrations.Up(ctx, url); err != nil {
-			return err
-		}
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`)
-		return err
-	},
-}
+var template = testdb.AppliedTemplate
 
 // apply is the tests' handler: it counts how often each event was applied.
 func apply(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-	_, err := tx.Exec(ctx, `INSERT INTO applied (key) VALUES ($1)
-		ON CONFLICT (key) DO UPDATE SET n = applied.n + 1`, ev.Key)
+	_, err := tx.Exec(ctx, testdb.CountApplied, ev.Key)
 	return err
 }
 

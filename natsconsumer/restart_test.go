@@ -111,18 +111,7 @@ func TestAckLostAfterCommit(t *testing.T) {
 		return apply(ctx, tx, ev)
 	}
 	var rep reports
-	c, err := natsconsumer.New(b.processor(t, routes(h)), js, &natsconsumer.Config{Stream: b.stream, Consumer: "c", Source: source, DeadLetterSubject: b.dead, Observer: &rep, RetryDelay: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), waitBound)
-		defer cancel()
-		_ = c.Stop(ctx)
-	})
+	b.start(t, b.processor(t, routes(h)), js, natsconsumer.Config{}, &rep)
 	b.publish(t, "created", "evt_lost_ack", `{}`)
 	select {
 	case <-killed:

@@ -48,9 +48,7 @@ type natsBench struct {
 	consumer *natsconsumer.Consumer
 	handIter jetstream.MessagesContext
 	handDone sync.WaitGroup
-
-	mu      sync.Mutex
-	waiters map[string]chan struct{}
+	waiters
 }
 
 // Streams of the two rows: each consumer reads its own.
@@ -62,7 +60,7 @@ const (
 // newNATSBench starts a nats-server, its streams and both consumers at
 // concurrency c.
 func newNATSBench(ctx context.Context, dbURL string, c int) (*natsBench, error) {
-	b := &natsBench{waiters: map[string]chan struct{}{}}
+	b := &natsBench{}
 	fail := func(err error) (*natsBench, error) {
 		b.stop()
 		return nil, err
@@ -190,25 +188,6 @@ func (b *natsBench) stop() {
 	}
 	if b.srv != nil {
 		b.srv.Stop()
-	}
-}
-
-// wait registers a waiter for id before the work that will signal it.
-func (b *natsBench) wait(id string) chan struct{} {
-	ch := make(chan struct{})
-	b.mu.Lock()
-	b.waiters[id] = ch
-	b.mu.Unlock()
-	return ch
-}
-
-func (b *natsBench) signal(id string) {
-	b.mu.Lock()
-	ch, ok := b.waiters[id]
-	delete(b.waiters, id)
-	b.mu.Unlock()
-	if ok {
-		close(ch)
 	}
 }
 

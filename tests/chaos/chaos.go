@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -199,29 +198,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	prov := newProvider(urls, secret, cfg.Senders*3)
 	progress := &prov.acked
 	sendCtx, stopSend := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	jobs := make(chan job)
-	for range cfg.Senders {
-		wg.Go(func() {
-			for j := range jobs {
-				var cw sync.WaitGroup
-				for range j.copies {
-					cw.Go(func() { prov.deliver(sendCtx, j.ev) })
-				}
-				cw.Wait()
-			}
-		})
-	}
-	go func() {
-		defer close(jobs)
-		for _, j := range p.jobs {
-			select {
-			case jobs <- j:
-			case <-sendCtx.Done():
-				return
-			}
-		}
-	}()
+	waitSent := p.send(sendCtx, cfg.Senders, func(ctx context.Context, e *event) { prov.deliver(ctx, e) })
 
 	// Kills at random points of the run's progress, so that they land
 	// during traffic however fast the machine is, each on a receiver drawn
@@ -271,7 +248,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		}
 	}()
 
-	wg.Wait()
+	waitSent()
 	trafficDone.Store(true)
 	<-chaosDone
 	// Every kill is followed by its restart before the supervisors stop.

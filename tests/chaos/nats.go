@@ -7,7 +7,6 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -211,7 +210,7 @@ func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
 	var retries atomic.Int64
 	pubCtx, stopPub := context.WithCancel(ctx)
 	defer stopPub()
-	publish := func(e *event) {
+	publish := func(pubCtx context.Context, e *event) {
 		for pubCtx.Err() == nil {
 			pctx, cancel := context.WithTimeout(pubCtx, 2*time.Second)
 			_, err := js.PublishMsg(pctx, &nats.Msg{Subject: "orders." + e.kind, Data: e.body,
@@ -226,29 +225,7 @@ func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	var wg sync.WaitGroup
-	jobs := make(chan job)
-	for range cfg.Publishers {
-		wg.Go(func() {
-			for j := range jobs {
-				var cw sync.WaitGroup
-				for range j.copies {
-					cw.Go(func() { publish(j.ev) })
-				}
-				cw.Wait()
-			}
-		})
-	}
-	go func() {
-		defer close(jobs)
-		for _, j := range p.jobs {
-			select {
-			case jobs <- j:
-			case <-pubCtx.Done():
-				return
-			}
-		}
-	}()
+	waitPublished := p.send(pubCtx, cfg.Publishers, publish)
 
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -310,13 +287,13 @@ func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
 			logf("%d kills", i+1)
 		}
 	}
-	wg.Wait()
+	waitPublished()
 	// Retries after the stream's duplicate window: second messages of the
 	// same events, for txhook to answer as duplicates.
 	time.Sleep(cfg.Duplicates + 100*time.Millisecond)
 	for _, e := range p.events {
 		if rng.Float64() < cfg.LateRetryRate {
-			publish(e)
+			publish(pubCtx, e)
 			res.LateRetries++
 		}
 	}

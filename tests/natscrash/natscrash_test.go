@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -28,7 +27,6 @@ import (
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/internal/natsserver"
 	"github.com/txhook/txhook/internal/testdb"
-	"github.com/txhook/txhook/migrations"
 	"github.com/txhook/txhook/natsconsumer"
 )
 
@@ -46,27 +44,9 @@ func TestMain(m *testing.M) {
 	testdb.Main(m)
 }
 
-// template is txhook's schema and the applied table.
-var template = testdb.Template{
-	Name:  "natscrash",
-	Files: []fs.FS{migrations.FS},
-	Migrate: func(ctx context.Context, url string) error {
-		if err := migrations.Up(ctx, url); err != nil {
-			return err
-		}
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`)
-		return err
-	},
-}
-
 // apply counts how often each event was applied: not idempotent on its own.
 func apply(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
-	_, err := tx.Exec(ctx, `INSERT INTO applied (key) VALUES ($1) ON CONFLICT (key) DO UPDATE SET n = applied.n + 1`, ev.Key)
+	_, err := tx.Exec(ctx, testdb.CountApplied, ev.Key)
 	return err
 }
 
@@ -165,7 +145,7 @@ func wait(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer) int {
 func TestCrashAtEachPointThenEveryMessageAppliedOnce(t *testing.T) {
 	t.Parallel()
 	natsURL := natsserver.URL(t)
-	d := testdb.New(t, template) // one database: each point's messages have keys of their own
+	d := testdb.New(t, testdb.AppliedTemplate) // one database: each point's messages have keys of their own
 	for mode, points := range map[string][]txhook.CrashPoint{
 		"tx":    {txhook.CrashAfterInsert, txhook.CrashAfterHandler, txhook.CrashBeforeCommit, txhook.CrashAfterCommit},
 		"lease": {txhook.CrashLeaseAfterClaim, txhook.CrashLeaseAfterExternal, txhook.CrashLeaseBeforeCommit, txhook.CrashLeaseAfterCommit},
