@@ -88,6 +88,7 @@ const (
 	defaultMaxInFlight      = 8
 	defaultTypeHeader       = "Txhook-Type"
 	defaultDeadLetterPrefix = "txhook.dead-letter."
+	defaultAckWait          = 30 * time.Second // the server's, when a consumer's info has none
 )
 
 // Headers a dead-lettered message carries besides its own.
@@ -114,7 +115,7 @@ type Consumer struct {
 
 	mu       sync.Mutex
 	started  bool
-	stopping chan struct{} // closed by Stop: fetch no more, hold no message
+	stopping chan struct{} // closed by Stop: fetch no more, hold only last deliveries
 	stopOnce sync.Once
 	cancel   context.CancelFunc // cancels the deliveries
 	done     chan struct{}      // closed when every message is settled
@@ -500,6 +501,9 @@ func (c *Consumer) keepAlive(ctx context.Context, msg jetstream.Msg, delivered u
 	wait := c.ackWait
 	if n := len(c.ackBackoff); n > 0 { // the server waits BackOff's entry for the delivery
 		wait = c.ackBackoff[min(max(delivered, 1), uint64(n))-1]
+	}
+	if wait <= 0 {
+		wait = defaultAckWait
 	}
 	every := max(wait/3, 10*time.Millisecond)
 	var mu sync.Mutex

@@ -431,6 +431,15 @@ func TestRefusedSetups(t *testing.T) {
 	if _, err := natsconsumer.New(p, b.js, &natsconsumer.Config{Stream: b.stream, Consumer: "c", Source: "elsewhere"}); err == nil {
 		t.Error("New with a source the processor has no route for: no error")
 	}
+	for _, cfg := range []natsconsumer.Config{
+		{Consumer: "c", Source: source}, // no stream
+		{Stream: b.stream, Consumer: "c", Source: source, DeadLetterSubject: "dead.>"}, // a wildcard
+		{Stream: b.stream, Consumer: "c", Source: source, DeadLetterSubject: "dead letters"},
+	} {
+		if _, err := natsconsumer.New(p, b.js, &cfg); err == nil {
+			t.Errorf("New(%+v): no error", cfg)
+		}
+	}
 	start := func(consumer, dead string) error {
 		c, err := natsconsumer.New(p, b.js, &natsconsumer.Config{Stream: b.stream, Consumer: consumer, Source: source, DeadLetterSubject: dead})
 		if err != nil {
