@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook inbox examples/github-pushes examples/stripe-orders amqpconsumer
+MODULES := . tests otelhook inbox natsconsumer amqpconsumer examples/github-pushes examples/stripe-orders
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench bench-scale fuzz screenshots
 
@@ -62,13 +62,16 @@ demo:
 ## then GitHub, which never retries: 1,000 pushes sent once, failures recovered by the redelivery sweeper;
 ## then GitHub against inbox mode: 2,000 pushes sent once, 24 kills, every push answered 2xx applied once;
 ## then RabbitMQ: 5,000 events published with ids to the example's queue, 24 kills, the broker (a node of
-## the run's own) and PostgreSQL restarted once each: every event applied once, no message left.
+## the run's own) and PostgreSQL restarted once each: every event applied once, no message left;
+## then NATS JetStream: 5,000 events published (some again), the consumer SIGKILLed 24 times, nats-server
+## and PostgreSQL restarted once.
 chaos:
 	cd tests && $(GO) run ./chaos
 	cd tests && $(GO) run ./chaos -receivers 3 -events 3000 -kills 36
 	cd tests && $(GO) run ./chaos -github
 	cd tests && $(GO) run ./chaos -inbox
 	cd tests && $(GO) run ./chaos -amqp
+	cd tests && $(GO) run ./chaos -nats
 
 ## bench: side-by-side benchmarks against the database's own limit, written to BENCHMARKS.md
 ## (the example over HTTP as one process and as three on one database, among the rows).

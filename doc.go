@@ -102,6 +102,9 @@
 //     more: its queue job ended or is gone, or a lease-mode claim was
 //     abandoned (EventFilter.Stuck); inbox mode records its stuck events as
 //     failed (FailStuck), and a replay takes one over.
+//   - refused: a delivery that can never be applied (no usable key, an
+//     invalid type): answered 400 by the HTTP endpoint, sent to its
+//     dead-letter destination by a queue consumer; nothing is recorded.
 //   - in flight: a key another delivery holds (its transaction has not
 //     ended, or its lease is live); the sender must retry later.
 //   - duplicate filter: the memory of done keys (Config.RecentKeys) and the

@@ -10,9 +10,9 @@ import (
 	"os"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/txhook/txhook"
+	"github.com/txhook/txhook/internal/clip"
 	"github.com/txhook/txhook/internal/engine"
 )
 
@@ -224,8 +224,8 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, a.status, a.outcome)
 	e.report(r.Context(), Report{
 		Source:   e.source,
-		Key:      clip(d.Key),
-		Type:     clip(d.Type),
+		Key:      clip.Reported(d.Key),
+		Type:     clip.Reported(d.Type),
 		Answer:   a.outcome,
 		Status:   a.status,
 		Duration: time.Since(start),
@@ -337,22 +337,6 @@ const unavailableRetryAfter = 5 * time.Second
 func unavailable(err error) bool {
 	return errors.Is(err, txhook.ErrUnavailable) || errors.Is(err, txhook.ErrCommitUnknown) || engine.Unreachable(err) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
-// maxReported bounds the key and type put in logs and reports: a rejected
-// delivery may carry an unsigned id header of any length.
-const maxReported = 256
-
-// clip shortens s to at most maxReported bytes, on a rune boundary.
-func clip(s string) string {
-	if len(s) <= maxReported {
-		return s
-	}
-	cut := maxReported
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 // retrySeconds rounds d up to whole seconds, at least 1.

@@ -27,6 +27,9 @@ type config struct {
 	// in the message-id property and its type in the type property.
 	// Optional.
 	AMQPURL string
+	// NATSURL, when set, makes the example also apply the events published
+	// to the JetStream stream ORDERS (NATS_URL; see nats.go). Optional.
+	NATSURL string
 }
 
 // defaultAddr is the listen address when ADDR is unset.
@@ -43,6 +46,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		// Not trimmed: a password's spaces are its own.
 		ConsolePassword: getenv("CONSOLE_PASSWORD"),
 		AMQPURL:         strings.TrimSpace(getenv("AMQP_URL")),
+		NATSURL:         strings.TrimSpace(getenv("NATS_URL")),
 	}
 	if c.Addr == "" {
 		c.Addr = defaultAddr

@@ -26,13 +26,25 @@
 //	                       missing): each message a Stripe event JSON body, its id
 //	                       in the message-id property, its type in the type
 //	                       property (optional)
+//	NATS_URL               also applies the events of the JetStream stream ORDERS
+//	                       (optional; see below)
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // Run it with:
 //
-//	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run ./examples/stripe-orders
+//	DATABASE_URL=postgres://... STRIPE_WEBHOOK_SECRET=whsec_... go run -C examples/stripe-orders .
 //
 // Once it is ready it logs a line with msg=listening and the address.
+//
+// With NATS_URL set, it also consumes the JetStream stream ORDERS (created if
+// missing, subjects orders.>): each message is a Stripe event's JSON body,
+// its event id in the Nats-Msg-Id header and its type the rest of the
+// subject after "orders." (orders.checkout.session.completed). The events
+// go through the same routes and tables as the webhooks (source stripe), so
+// an event that arrives both ways is applied once; a message without
+// Nats-Msg-Id goes to the stream ORDERS_DEAD (subject orders-dead), never
+// applied. The durable consumer is stripe-orders (AckWait 30s, MaxDeliver
+// 10), created if missing.
 //
 // The same binary runs txhook's operations commands with the example's own
 // handlers, so that failed events can be replayed from the command line
@@ -132,6 +144,14 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      fulfillmentLease + 15*time.Second,
 		IdleTimeout:       2 * time.Minute,
+	}
+	if cfg.NATSURL != "" {
+		stopNATS, err := startNATS(ctx, cfg.NATSURL, proc, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopNATS() // after the HTTP server's shutdown: the messages in flight are applied and acknowledged
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "endpoint", "POST /webhooks/stripe")
 	if cfg.ConsolePassword != "" {

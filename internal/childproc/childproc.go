@@ -30,7 +30,7 @@ import (
 var ReceiverSettings = []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "ADDR", "FULFILLMENT_URL", "TXHOOK_CRASH_POINT",
 	"GITHUB_WEBHOOK_SECRET", "GITHUB_API_URL", "GITHUB_TOKEN", "GITHUB_REPOSITORY", "GITHUB_HOOK_ID",
 	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF", "APPLY_MODE", "INBOX_JOB_TIMEOUT", "FAIL_FIRST_TRY",
-	"AMQP_URL"}
+	"AMQP_URL", "NATS_URL"}
 
 // Build compiles pkgs into dir with one go build and returns each binary's
 // path, by package.
@@ -44,6 +44,23 @@ func Build(ctx context.Context, dir string, pkgs ...string) (map[string]string, 
 		bins[p] = filepath.Join(dir, filepath.Base(p))
 	}
 	return bins, nil
+}
+
+// BuildModule compiles the package pkg (".", or "./name") of the module in
+// rel, a folder of the repository (a module of its own, such as
+// "examples/stripe-orders"), into dir with that module's own dependencies,
+// and returns the binary's path, named after the package's folder.
+func BuildModule(ctx context.Context, dir, rel, pkg string) (string, error) {
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/txhook/txhook").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the repository (go list -m): %w", err)
+	}
+	src := filepath.Join(strings.TrimSpace(string(root)), rel)
+	bin := filepath.Join(dir, filepath.Base(filepath.Join(src, pkg)))
+	if out, err := exec.CommandContext(ctx, "go", "build", "-C", src, "-o", bin, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s in %s: %w\n%s", pkg, rel, err, out)
+	}
+	return bin, nil
 }
 
 // Env returns this process's environment without ReceiverSettings, followed
@@ -65,6 +82,8 @@ type Spec struct {
 	Name string
 	// Bin is the executable.
 	Bin string
+	// Args are its arguments.
+	Args []string
 	// Env is its whole environment (see Env).
 	Env []string
 	// Addr is the address it listens on once ready.
@@ -92,7 +111,7 @@ type Process struct {
 // fails, leaving no process behind, when the process exits first, ctx ends
 // or ReadyTimeout passes.
 func Start(ctx context.Context, s Spec) (*Process, error) {
-	cmd := exec.Command(s.Bin)
+	cmd := exec.Command(s.Bin, s.Args...)
 	cmd.Env = s.Env
 	cmd.Stdout, cmd.Stderr = s.Output, s.Output
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/clip"
 )
 
 // Action is what a consumer does with a message once Deliver has answered.
@@ -127,8 +128,10 @@ func (b Backoff) Delay(attempt int) time.Duration {
 
 // Report logs r as the HTTP endpoint logs a delivery ("txhook: delivery",
 // with the same attributes, the transport and the action besides) and hands
-// it to obs when set. r.Status is 0: a message has no HTTP status.
+// it to obs when set. r.Status is 0: a message has no HTTP status. Its key
+// and type are cut to clip.Max bytes, as the endpoint's are.
 func Report(ctx context.Context, log *slog.Logger, obs handler.Observer, transport string, action Action, r handler.Report) {
+	r.Key, r.Type = clip.Reported(r.Key), clip.Reported(r.Type)
 	level := slog.LevelInfo
 	switch {
 	case r.Answer == handler.AnswerError || r.Answer == handler.AnswerUnavailable:

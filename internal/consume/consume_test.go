@@ -1,13 +1,17 @@
 package consume
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/clip"
 )
 
 func TestDecide(t *testing.T) {
@@ -57,5 +61,17 @@ func TestBackoffGrowsToItsMax(t *testing.T) {
 	}
 	if d := (Backoff{}).Delay(1); d < 750*time.Millisecond || d > 1250*time.Millisecond {
 		t.Errorf("zero Backoff's first delay %v, want DefaultBackoff's 1s ± 25%%", d)
+	}
+}
+
+// A message may carry an id of any length: its report keeps at most
+// clip.Max bytes of key and type, as the endpoint's does.
+func TestReportClipsKeyAndType(t *testing.T) {
+	var got handler.Report
+	obs := handler.ObserverFunc(func(_ context.Context, r handler.Report) { got = r })
+	long := strings.Repeat("k", 1000)
+	Report(t.Context(), slog.New(slog.DiscardHandler), obs, "test", Reject, handler.Report{Source: "s", Key: long, Type: long})
+	if len(got.Key) > clip.Max+len("…") || !strings.HasSuffix(got.Key, "…") || len(got.Type) > clip.Max+len("…") {
+		t.Errorf("reported key of %d bytes and type of %d, want at most %d and …", len(got.Key), len(got.Type), clip.Max)
 	}
 }

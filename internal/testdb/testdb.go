@@ -56,6 +56,31 @@ var TxhookTemplate = Template{
 	Migrate: migrations.Up,
 }
 
+// AppliedTemplate is txhook's schema and a table, applied, that counts how
+// often each event key was applied (CountApplied), for the tests of what
+// applies events: the queue consumers, their crash tests.
+var AppliedTemplate = Template{
+	Name:  "txhook_applied",
+	Files: []fs.FS{migrations.FS},
+	Migrate: func(ctx context.Context, url string) error {
+		if err := migrations.Up(ctx, url); err != nil {
+			return err
+		}
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, `CREATE TABLE applied (key text PRIMARY KEY, n integer NOT NULL DEFAULT 1)`)
+		return err
+	},
+}
+
+// CountApplied counts one application of the event key $1 in
+// AppliedTemplate's table: a handler's write that is not idempotent on its
+// own.
+const CountApplied = `INSERT INTO applied (key) VALUES ($1) ON CONFLICT (key) DO UPDATE SET n = applied.n + 1`
+
 // DB is one test's database.
 type DB struct {
 	// Pool is connected to the database and closed when the test ends.

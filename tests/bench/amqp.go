@@ -44,9 +44,7 @@ type amqpBench struct {
 	baseline *baselineConsumer
 	queues   []string
 	pool     *pgxpool.Pool
-
-	mu      sync.Mutex
-	waiters map[string]chan struct{}
+	waiters
 }
 
 // amqpBroker is the machine's RabbitMQ when it answers, else a node the
@@ -64,7 +62,7 @@ func amqpBroker(ctx context.Context) (*rabbitnode.Node, func(), error) {
 }
 
 func newAMQPBench(ctx context.Context, node *rabbitnode.Node, dbURL, tag string, c int) (*amqpBench, error) {
-	b := &amqpBench{waiters: map[string]chan struct{}{}}
+	b := &amqpBench{}
 	ok := false
 	defer func() {
 		if !ok {
@@ -136,24 +134,6 @@ func (b *amqpBench) stop() {
 	}
 	if b.pool != nil {
 		b.pool.Close()
-	}
-}
-
-func (b *amqpBench) wait(key string) chan struct{} {
-	ch := make(chan struct{})
-	b.mu.Lock()
-	b.waiters[key] = ch
-	b.mu.Unlock()
-	return ch
-}
-
-func (b *amqpBench) signal(key string) {
-	b.mu.Lock()
-	ch := b.waiters[key]
-	delete(b.waiters, key)
-	b.mu.Unlock()
-	if ch != nil {
-		close(ch)
 	}
 }
 

@@ -88,9 +88,7 @@ type inboxBench struct {
 	handE2E  *riverInbox // River's defaults
 	handTune *riverInbox // tuned
 	secret   string
-
-	mu      sync.Mutex
-	waiters map[string]chan struct{}
+	waiters
 }
 
 // benchPush is the work of a push in the bench: one insert.
@@ -110,7 +108,7 @@ func newInboxBench(ctx context.Context, dbURL string, c int) (*inboxBench, error
 	if err != nil {
 		return nil, fmt.Errorf("open pool: %w", err)
 	}
-	b := &inboxBench{pool: pool, secret: "bench-github-secret", waiters: map[string]chan struct{}{}}
+	b := &inboxBench{pool: pool, secret: "bench-github-secret"}
 	fail := func(err error) (*inboxBench, error) {
 		b.stop()
 		return nil, err
@@ -230,20 +228,31 @@ func (b *inboxBench) stop() {
 	b.pool.Close()
 }
 
+// waiters are the load generator's clients waiting for their events to be
+// applied, by id. The zero value is ready.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
 // wait registers a waiter for id before the work that will signal it.
-func (b *inboxBench) wait(id string) chan struct{} {
+func (w *waiters) wait(id string) chan struct{} {
 	ch := make(chan struct{})
-	b.mu.Lock()
-	b.waiters[id] = ch
-	b.mu.Unlock()
+	w.mu.Lock()
+	if w.m == nil {
+		w.m = map[string]chan struct{}{}
+	}
+	w.m[id] = ch
+	w.mu.Unlock()
 	return ch
 }
 
-func (b *inboxBench) signal(id string) {
-	b.mu.Lock()
-	ch, ok := b.waiters[id]
-	delete(b.waiters, id)
-	b.mu.Unlock()
+// signal wakes id's waiter, if there is one.
+func (w *waiters) signal(id string) {
+	w.mu.Lock()
+	ch, ok := w.m[id]
+	delete(w.m, id)
+	w.mu.Unlock()
 	if ok {
 		close(ch)
 	}

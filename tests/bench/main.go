@@ -21,6 +21,8 @@
 //   - txhook AMQP consumer: amqpconsumer applying checkout events published
 //     to RabbitMQ, publish to ack, beside a hand-written consumer on the same
 //     client and broker;
+//   - NATS JetStream: natsconsumer beside a hand-written consumer, each
+//     message published and awaited until acknowledged after its COMMIT;
 //   - for every row, the WAL and PostgreSQL's CPU per event.
 //
 // With DATABASE_URL unset it starts a throwaway PostgreSQL with the default
@@ -63,6 +65,8 @@ func main() {
 	flag.BoolVar(&o.amqp, "amqp", true, "also measure the RabbitMQ consumer beside a hand-written one (the machine's broker, or a node of the run's own)")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
 	only := flag.String("only", "", "measure only the rows whose names match this regular expression (a quick check of a few rows)")
+	flag.BoolVar(&o.nats, "nats", true, "also measure the NATS JetStream consumer beside a hand-written one (needs nats-server)")
+	flag.BoolVar(&o.onlyNATS, "only-nats", false, "measure only the NATS rows (a quick check; no ratios to the limit)")
 	flag.BoolVar(&o.scale, "scale", false, "run the scale benchmark instead (make bench-scale): the library row against events tables of -rows rows; writes its section of -out")
 	rowsFlag := flag.String("rows", "0,10000000,50000000", "with -scale: comma-separated sizes of the events tables, smallest first")
 	flag.StringVar(&o.scaleDir, "scale-dir", defaultScaleDir(), "with -scale and no DATABASE_URL: the folder of the PostgreSQL cluster kept between runs")
@@ -138,6 +142,8 @@ type options struct {
 	amqpNode *rabbitnode.Node
 	// only, when set, keeps the rows whose names it matches.
 	only *regexp.Regexp
+	// nats adds the NATS rows; onlyNATS measures nothing else.
+	nats, onlyNATS bool
 	// scale runs the scale benchmark on tables of scaleRows rows, in a
 	// cluster kept in scaleDir (without DATABASE_URL).
 	scale         bool

@@ -261,6 +261,7 @@ func (r *report) markdown() string {
 		{"txhook AMQP consumer / hand-written AMQP consumer", scenAMQP, scenAMQPBaseline},
 	}
 	rows = append(rows, inboxRatios...)
+	rows = append(rows, natsRatios...)
 	for _, row := range rows {
 		var vals []string
 		for _, c := range r.opts.conc {
@@ -315,6 +316,7 @@ func (r *report) markdown() string {
 	r.inboxTargets(p, target)
 	r.explain(p)
 	r.explainInbox(p)
+	r.describeNATS(p)
 	p("")
 	p("## Where the time goes")
 	p("")
@@ -322,7 +324,7 @@ func (r *report) markdown() string {
 	p("")
 	p("| scenario | %s |", "c="+joinConc(r.opts.conc, " | c="))
 	p("|---|%s", strings.Repeat("---:|", len(r.opts.conc)))
-	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenRiverAccept, scenInboxSync, scenInboxE2E, scenRiverE2E, scenInboxE2ETuned, scenRiverE2ETuned, scenInboxDup, scenRiverDup, scenAMQP, scenAMQPBaseline} {
+	for _, s := range []string{scenLimit, scenLimitPipe, scenBatchPgx, scenRawPgx, scenLibrary, scenLibraryFirst, scenNaive, scenLibraryDup, scenLibraryDupDB, scenBaselineHTTP, scenHTTP, scenHTTPMulti, scenHTTPDup, scenInboxAccept, scenRiverAccept, scenInboxSync, scenInboxE2E, scenRiverE2E, scenInboxE2ETuned, scenRiverE2ETuned, scenInboxDup, scenRiverDup, scenAMQP, scenAMQPBaseline, scenNATS, scenNATSHand} {
 		if _, ok := r.find(s, r.opts.conc[0]); !ok {
 			continue // not measured in this run
 		}

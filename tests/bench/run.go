@@ -311,6 +311,17 @@ func atConcurrency(ctx context.Context, o options, dbURL string, c int, exampleB
 		defer ab.stop()
 		list = append(list, amqpScenarios(o, c, ab)...)
 	}
+	if o.nats || o.onlyNATS {
+		nb, err := newNATSBench(ctx, dbURL, c)
+		if err != nil {
+			return nil, fmt.Errorf("NATS rows at concurrency %d: %w", c, err)
+		}
+		defer nb.stop()
+		if o.onlyNATS {
+			list = nil
+		}
+		list = append(list, natsScenarios(o, c, nb)...)
+	}
 
 	if o.only != nil {
 		list = slices.DeleteFunc(list, func(sc scenario) bool { return !o.only.MatchString(sc.name) })

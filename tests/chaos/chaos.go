@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,19 +118,9 @@ func (r result) summary() string {
 // database, sends the plan to them in turn while killing and restarting
 // them, then checks the database against what was sent.
 func run(ctx context.Context, cfg config) (result, error) {
-	start := time.Now()
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+	start, logf := time.Now(), orDiscard(cfg.Log)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-
-	dir, err := os.MkdirTemp("", "txhook-chaos-")
-	if err != nil {
-		return result{}, fmt.Errorf("create temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
 	pkg := stripeOrdersPkg
 	if cfg.Naive {
 		pkg = naiveReceiverPkg
@@ -142,12 +131,11 @@ func run(ctx context.Context, cfg config) (result, error) {
 			return p != txhooktest.CrashAfterInsert && p != txhooktest.CrashAfterHandler // the ones it honours
 		})
 	}
-	logf("building %s", pkg)
-	bins, err := childproc.Build(ctx, dir, pkg)
+	bin, remove, err := buildReceiver(ctx, logf, pkg)
 	if err != nil {
 		return result{}, err
 	}
-	bin := bins[pkg]
+	defer remove()
 
 	tag := randomTag()
 	secret := "whsec_chaos_" + tag
@@ -209,29 +197,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 	prov := newProvider(urls, secret, cfg.Senders*3)
 	progress := &prov.acked
 	sendCtx, stopSend := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	jobs := make(chan job)
-	for range cfg.Senders {
-		wg.Go(func() {
-			for j := range jobs {
-				var cw sync.WaitGroup
-				for range j.copies {
-					cw.Go(func() { prov.deliver(sendCtx, j.ev) })
-				}
-				cw.Wait()
-			}
-		})
-	}
-	go func() {
-		defer close(jobs)
-		for _, j := range p.jobs {
-			select {
-			case jobs <- j:
-			case <-sendCtx.Done():
-				return
-			}
-		}
-	}()
+	waitSent := p.send(sendCtx, cfg.Senders, func(ctx context.Context, e *event) { prov.deliver(ctx, e) })
 
 	// Kills at random points of the run's progress, so that they land
 	// during traffic however fast the machine is, each on a receiver drawn
@@ -294,7 +260,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		}
 	}()
 
-	wg.Wait()
+	waitSent()
 	trafficDone.Store(true)
 	<-chaosDone
 	// Every kill is followed by its restart before the supervisors stop.
@@ -430,6 +396,31 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 			return ctx.Err()
 		}
 	}
+}
+
+// orDiscard returns log, or a function that discards its lines when log is
+// nil.
+func orDiscard(log func(string, ...any)) func(string, ...any) {
+	if log == nil {
+		return func(string, ...any) {}
+	}
+	return log
+}
+
+// buildReceiver builds pkg into a new temporary folder and returns its
+// binary and a function that removes the folder.
+func buildReceiver(ctx context.Context, logf func(string, ...any), pkg string) (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "txhook-chaos-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	logf("building %s", pkg)
+	bins, err := childproc.Build(ctx, dir, pkg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return bins[pkg], func() { os.RemoveAll(dir) }, nil
 }
 
 func randomTag() string {

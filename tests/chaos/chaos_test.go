@@ -10,6 +10,7 @@ import (
 	"time"
 
 	examplemigrations "github.com/txhook/txhook/examples/stripe-orders/migrations"
+	"github.com/txhook/txhook/internal/natsserver"
 	"github.com/txhook/txhook/internal/pgcluster"
 	"github.com/txhook/txhook/internal/rabbittest"
 	"github.com/txhook/txhook/internal/testdb"
@@ -223,5 +224,33 @@ func mustBeClean(t *testing.T, seed uint64, res outcome, problems []string, err 
 	}
 	if !res.ok() {
 		t.Fatalf("seed %d: %s", seed, res.summary())
+	}
+}
+
+// TestNATSChaosShort is a short run of the NATS scenario: 300 events
+// published to the example's stream (some twice with the same id), the
+// example SIGKILLed five times, nats-server restarted once and PostgreSQL
+// (a durable cluster of the test's own) once; every event must be applied
+// exactly once and every message acknowledged.
+func TestNATSChaosShort(t *testing.T) {
+	if _, err := natsserver.Bin(); err != nil {
+		natsserver.Own(t) // skips, or fails under CI
+	}
+	c := durableCluster(t)
+	cfg := defaultNATSConfig()
+	cfg.DatabaseURL, cfg.RestartDB = c.URL, c.Restart
+	cfg.Events = 300
+	cfg.Kills = 5
+	cfg.LateRetryRate = 0.05
+	cfg.Timeout = 3 * time.Minute
+	cfg.Seed = uint64(time.Now().UnixNano())
+	cfg.Log = t.Logf
+	res, err := runNATS(t.Context(), cfg)
+	mustBeClean(t, cfg.Seed, res, res.Problems, err)
+	if res.Kills != cfg.Kills || res.NATSRestarts != 1 || res.DBRestarts != 1 {
+		t.Errorf("kills = %d, nats restarts = %d, database restarts = %d; want %d, 1 and 1", res.Kills, res.NATSRestarts, res.DBRestarts, cfg.Kills)
+	}
+	if res.Published <= res.Events || res.StreamMessages <= uint64(res.Events) {
+		t.Errorf("%d messages published, %d stored, for %d events: no publisher retries reached the consumer", res.Published, res.StreamMessages, res.Events)
 	}
 }

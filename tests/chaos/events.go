@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -103,6 +105,36 @@ func makePlan(cfg config, tag string, rng *rand.Rand) plan {
 		delete(later, i)
 	}
 	return p
+}
+
+// send delivers the plan's jobs from workers goroutines, each job's copies
+// at once, until they are all delivered or ctx ends; the function it
+// returns waits for that.
+func (p plan) send(ctx context.Context, workers int, deliver func(context.Context, *event)) (wait func()) {
+	var wg sync.WaitGroup
+	jobs := make(chan job)
+	for range workers {
+		wg.Go(func() {
+			for j := range jobs {
+				var cw sync.WaitGroup
+				for range j.copies {
+					cw.Go(func() { deliver(ctx, j.ev) })
+				}
+				cw.Wait()
+			}
+		})
+	}
+	go func() {
+		defer close(jobs)
+		for _, j := range p.jobs {
+			select {
+			case jobs <- j:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return wg.Wait
 }
 
 // stripeBody returns the event's body in Stripe's shape: the envelope and

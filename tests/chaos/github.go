@@ -8,7 +8,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"time"
 
@@ -91,23 +90,14 @@ type push struct {
 // PostgreSQL restarted once; then the sweeper, and nothing else, recovers
 // what failed. It checks that every push was applied exactly once.
 func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
-	start := time.Now()
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+	start, logf := time.Now(), orDiscard(cfg.Log)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "txhook-chaos-github-")
-	if err != nil {
-		return githubResult{}, fmt.Errorf("create temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	logf("building %s", githubPushesPkg)
-	bins, err := childproc.Build(ctx, dir, githubPushesPkg)
+	bin, remove, err := buildReceiver(ctx, logf, githubPushesPkg)
 	if err != nil {
 		return githubResult{}, err
 	}
+	defer remove()
 
 	tag := randomTag()
 	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x67697468))
@@ -150,7 +140,7 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 		// (the inbox scenario, runInbox, keeps the retry in the receiver).
 		"APPLY_MODE=sync",
 	}
-	l := &launcher{bin: bins[githubPushesPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
+	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
 		killReq: make(chan struct{}), up: make(chan struct{})}
 	supCtx, stopSup := context.WithCancel(ctx)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"os"
 	"slices"
 	"time"
 
@@ -86,23 +85,14 @@ func (r inboxResult) summary() string {
 // River workers, and checks that every push answered 2xx was applied
 // exactly once, and that no push was applied twice.
 func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
-	start := time.Now()
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+	start, logf := time.Now(), orDiscard(cfg.Log)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "txhook-chaos-inbox-")
-	if err != nil {
-		return inboxResult{}, fmt.Errorf("create temp dir: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	logf("building %s", githubPushesPkg)
-	bins, err := childproc.Build(ctx, dir, githubPushesPkg)
+	bin, remove, err := buildReceiver(ctx, logf, githubPushesPkg)
 	if err != nil {
 		return inboxResult{}, err
 	}
+	defer remove()
 
 	tag := randomTag()
 	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x696e626f78))
@@ -130,7 +120,7 @@ func runInbox(ctx context.Context, cfg inboxConfig) (inboxResult, error) {
 		"DATABASE_URL=" + cfg.DatabaseURL, "GITHUB_WEBHOOK_SECRET=" + secret,
 		"APPLY_MODE=inbox", "INBOX_JOB_TIMEOUT=" + cfg.JobTimeout.String(),
 	}
-	l := &launcher{bin: bins[githubPushesPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
+	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
 		killReq: make(chan struct{}), up: make(chan struct{})}
 	supCtx, stopSup := context.WithCancel(ctx)

@@ -56,6 +56,15 @@
 // the broker restarted once and PostgreSQL once. Every event must be
 // applied exactly once, and no message left in the queues.
 //
+// With -nats the example consumes the JetStream stream ORDERS of a
+// nats-server of the run's own instead: -events Stripe events (default
+// 5,000) are published with their ids in Nats-Msg-Id, some again with the
+// same id (a publisher's retries, within and after the stream's duplicate
+// window), while the example is SIGKILLed -kills times (default 24, some
+// restarts with a crash point armed), nats-server is killed and restarted
+// once and PostgreSQL (durable) once; every event must be applied exactly
+// once and every message acknowledged.
+//
 // Run it with `make chaos`, or from the tests module: go run ./chaos -h.
 package main
 
@@ -91,6 +100,7 @@ func main() {
 	github := flag.Bool("github", false, "run the GitHub scenario: pushes delivered once, failures recovered by the redelivery sweeper")
 	inboxMode := flag.Bool("inbox", false, "run the inbox scenario: pushes delivered once, no sweeper; the receiver's River queue applies every push answered 2xx")
 	amqpMode := flag.Bool("amqp", false, "run the RabbitMQ scenario: events published with ids to the queue orders, consumed by the example (AMQP_URL); the broker (a node of the run's own) restarted once")
+	natsMode := flag.Bool("nats", false, "run the NATS JetStream scenario: events published to the example's stream ORDERS, the consumer SIGKILLed, nats-server and PostgreSQL restarted once")
 	flag.Parse()
 	cfg.Seed = *seed
 	if !*quiet {
@@ -98,7 +108,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
-	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode || *amqpMode)) {
+	if cfg.Receivers < 1 || (cfg.Receivers > 1 && (*github || *inboxMode || *amqpMode || *natsMode)) {
 		fmt.Fprintln(os.Stderr, "chaos: -receivers must be at least 1, and above 1 only in the Stripe scenario")
 		os.Exit(2)
 	}
@@ -111,6 +121,9 @@ func main() {
 	}
 	if *amqpMode {
 		scenario = runAMQPMain
+	}
+	if *natsMode {
+		scenario = runNATSMain
 	}
 	ok, err := scenario(ctx, cfg, os.Getenv("DATABASE_URL"), *restartDB)
 	if err != nil {
