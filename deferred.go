@@ -38,7 +38,7 @@ import (
 //
 // This holds on every path that gives a handler its transaction: Process
 // on any database, ProcessTx, Run, RunTx, lease mode's phase two, the
-// Replayer, and savepoints begun from those transactions. On a transaction
+// Replay, and savepoints begun from those transactions. On a transaction
 // txhook did not begin (a test's own pgx.Tx passed to a handler directly),
 // Deferred returns tx: its statements run at once and return their answers.
 func Deferred(tx pgx.Tx) Querier {

@@ -96,7 +96,7 @@ var ErrUnavailable = engine.ErrUnavailable
 type UnavailableError = engine.UnavailableError
 
 // ErrTxUnusable is matched (errors.Is) by the error of a call that ran
-// under a savepoint of the caller's transaction (ProcessTx, AcceptTx,
+// under a savepoint of the caller's transaction (ProcessTx,
 // RunTx) and left that transaction in a state nobody knows: the
 // savepoint could not be rolled back after the call failed, or a statement
 // of the handler ended the caller's transaction (ROLLBACK or COMMIT sent as

@@ -5,11 +5,12 @@ import (
 	"unicode/utf8"
 )
 
-// Event is one delivery of an event, as the processor sees it.
+// Event is an event as a delivery carries it to the processor: the same on
+// every delivery of the event.
 type Event struct {
-	// Source names the receiving endpoint ("stripe", "github-prod"). Keys
-	// are unique per source: two endpoints may receive the same provider id
-	// and each processes it once.
+	// Source names the sender's events ("stripe", "github-prod"): an HTTP
+	// endpoint's, a queue consumer's. Keys are unique per source: two
+	// sources may receive the same provider id and each processes it once.
 	Source string
 	// Key is the provider's stable event id: the same on every retry and
 	// redelivery of the event, different for every event (Stripe's evt_…,

@@ -35,12 +35,12 @@ func processWithin(t *testing.T, limit time.Duration, p *txhook.Processor, ev tx
 	return txhook.Result{}
 }
 
-// TestReplayGuardInFlightWithFirstStatement: under DedupeWithFirstStatement
+// TestBodyDedupeInFlightWithFirstStatement: under DedupeWithFirstStatement
 // the body dedupe's check is the handler's first statement, sent with the
 // dedupe step; its wait on another delivery of the same body is bounded by
 // the guard's own LockTimeout, and the delivery is answered
 // in flight after that wait, once, not after a second attempt.
-func TestReplayGuardInFlightWithFirstStatement(t *testing.T) {
+func TestBodyDedupeInFlightWithFirstStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const wait = 400 * time.Millisecond

@@ -474,7 +474,7 @@ func (p *Processor) settledOrHeld(ctx context.Context, j QueuedJob) (Result, err
 // last attempt when its worker was killed, and an operator may discard,
 // cancel or delete one; an event left so would otherwise stay queued for
 // ever. Each becomes a dead letter with its payload, for a replay
-// (Replayer), its last error naming its job, what became of the job and
+// (Replay), its last error naming its job, what became of the job and
 // the last error of either; each is logged through Config.Logger. It
 // returns the events it recorded (source, key, type, status, last error and
 // job). Package inbox runs it every minute on the River client's leader.

@@ -209,11 +209,11 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 	}
 }
 
-// TestAcceptWithReplayGuard: the guard's check runs before the row's insert,
+// TestAcceptWithBodyDedupe: the guard's check runs before the row's insert,
 // which travels with COMMIT while the guard's lock is still held: a body
 // accepted under one key is a replay under another, also when the two
 // deliveries overlap, and nothing of the replay is written.
-func TestAcceptWithReplayGuard(t *testing.T) {
+func TestAcceptWithBodyDedupe(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	q := &jobQueue{query: true, hold: "k-3", held: make(chan struct{}), release: make(chan struct{})}

@@ -149,12 +149,12 @@ type Config struct {
 	RecentKeysTTL time.Duration
 	// Routes are the application's handlers, by source and event type:
 	// Deliver, and everything built on the Processor (the HTTP endpoint,
-	// the inbox's jobs, the queue consumers, the Replayer), find their
+	// the inbox's jobs, the queue consumers, Replay), find their
 	// handler there. Defaults to none: Process and ProcessLease, which take
 	// their handler as an argument, still work.
 	Routes *Routes
 	// Logger receives a record for every failed try of an inbox event
-	// (ApplyQueued, ApplyQueuedLease: the event, the try's number, the error
+	// (ApplyQueued: the event, the try's number, the error
 	// and what follows, the next try or the dead letter) and for every stuck
 	// event recorded as failed (FailStuck). Defaults to slog.Default().
 	Logger *slog.Logger

@@ -9,7 +9,7 @@ import (
 // Routes is the registry of an application's handlers: one route per source
 // and event type, each with its mode. Every path that applies an event finds
 // its handler here: the HTTP endpoint (package handler), the inbox's job
-// (package inbox), the queue consumers, and the Replayer with the console
+// (package inbox), the queue consumers, and Replay with the console
 // and the CLI. A Processor is given its Routes in Config.Routes, and
 // everything built on the Processor applies events through them.
 //

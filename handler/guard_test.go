@@ -18,13 +18,13 @@ import (
 	"github.com/txhook/txhook/internal/testdb"
 )
 
-// TestReplayGuardAcrossTypes replays captured bodies under a new id and
+// TestBodyDedupeAcrossTypes replays captured bodies under a new id and
 // another type, per provider: GitHub's guard identity is the body alone, so
 // a body answered ignored or ping cannot come back under a routed type;
 // Shopify's is the topic and the body, so two topics of one change with
 // byte-identical bodies both run, while a replay under the same topic does
 // not.
-func TestReplayGuardAcrossTypes(t *testing.T) {
+func TestBodyDedupeAcrossTypes(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	t.Run("github ignored then push", func(t *testing.T) {
@@ -89,10 +89,10 @@ func TestReplayGuardAcrossTypes(t *testing.T) {
 	})
 }
 
-// TestReplayGuardHMACTypeHeader: an HMAC provider keyed by a signed body
+// TestBodyDedupeHMACTypeHeader: an HMAC provider keyed by a signed body
 // field but typed by an unsigned header has the guard on by default, so a
 // body answered ignored cannot be sent again under a routed type.
-func TestReplayGuardHMACTypeHeader(t *testing.T) {
+func TestBodyDedupeHMACTypeHeader(t *testing.T) {
 	t.Parallel()
 	p := &handler.HMAC{Secrets: []string{"h"}, SignatureHeader: "X-Sig", KeyField: "id", TypeHeader: "X-Type"}
 	e := newEnv(t, handler.Config{Source: "h", Provider: p},
@@ -160,11 +160,11 @@ func wantOneRun(t *testing.T, e *env, answers map[string]int, runs int64) {
 	}
 }
 
-// TestReplayGuardLeaseConcurrent sends one body under 8 ids at once to a
+// TestBodyDedupeLeaseConcurrent sends one body under 8 ids at once to a
 // lease route: the guard's check runs inside the claim, so the external work
 // runs once and every other copy is a replay (or in flight), never a second
 // run.
-func TestReplayGuardLeaseConcurrent(t *testing.T) {
+func TestBodyDedupeLeaseConcurrent(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	var runs atomic.Int64
@@ -208,10 +208,10 @@ func newPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// TestReplayGuardStatementTimeout: a session statement_timeout shorter than
+// TestBodyDedupeStatementTimeout: a session statement_timeout shorter than
 // BodyDedupeLockTimeout cancels the guard's wait for another delivery of the
 // same body (57014); that is in flight, never 500.
-func TestReplayGuardStatementTimeout(t *testing.T) {
+func TestBodyDedupeStatementTimeout(t *testing.T) {
 	t.Parallel()
 	d := testdb.New(t)
 	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (source text, event_key text, event_type text)`); err != nil {

@@ -136,9 +136,9 @@ func TestGitHubFormContentType(t *testing.T) {
 	e.wantCounts(3, 3)
 }
 
-// TestReplayGuard replays a captured body and signature under fresh id
+// TestBodyDedupe replays a captured body and signature under fresh id
 // headers.
-func TestReplayGuard(t *testing.T) {
+func TestBodyDedupe(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	shop := &handler.Shopify{Secrets: []string{"shp"}}
@@ -276,10 +276,10 @@ type stubError struct{}
 
 func (*stubError) Error() string { return "stub: no database" }
 
-// TestReplayGuardConcurrent sends a body under a second key while the first
+// TestBodyDedupeConcurrent sends a body under a second key while the first
 // delivery of it is still in its transaction: the second waits for the
 // first and is answered as a replay.
-func TestReplayGuardConcurrent(t *testing.T) {
+func TestBodyDedupeConcurrent(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started := make(chan struct{})
@@ -367,11 +367,11 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e.wantCounts(1, 1)
 }
 
-// TestReplayGuardWaitIsBounded: a second body-identical delivery under
+// TestBodyDedupeWaitIsBounded: a second body-identical delivery under
 // another key waits at most BodyDedupeLockTimeout for the first, then is
 // answered in flight (never 2xx) with nothing written; once the first has
 // committed, its retry is answered as a replay.
-func TestReplayGuardWaitIsBounded(t *testing.T) {
+func TestBodyDedupeWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	gh := &handler.GitHub{Secrets: []string{"gh"}}
 	started := make(chan struct{})

@@ -13,13 +13,13 @@ import (
 	"github.com/txhook/txhook"
 )
 
-// TestReplayGuardOnInboxRoutes: GitHub's delivery id is not signed, so the
+// TestBodyDedupeOnInboxRoutes: GitHub's delivery id is not signed, so the
 // endpoint's body dedupe is on, and an inbox route runs its check in the
 // accepting transaction. A captured push sent again under fresh delivery ids,
 // one after the other and then several at once, is answered "duplicate_body"
 // (or in flight while another delivery of the body holds the guard's lock):
 // nothing is queued for the fresh ids, and the push is applied once.
-func TestReplayGuardOnInboxRoutes(t *testing.T) {
+func TestBodyDedupeOnInboxRoutes(t *testing.T) {
 	t.Parallel()
 	lease := txhook.LeaseHandler{Work: func(ctx context.Context, c txhook.Claim, ev txhook.Event) (txhook.TxFunc, error) {
 		return func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, ev) }, nil
