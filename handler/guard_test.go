@@ -191,23 +191,6 @@ func TestBodyDedupeLeaseConcurrent(t *testing.T) {
 	e.wantCounts(1, 1)
 }
 
-// newPool connects a pool of at most maxConns connections to url, closed
-// when the test ends.
-func newPool(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // TestBodyDedupeStatementTimeout: a session statement_timeout shorter than
 // BodyDedupeLockTimeout cancels the guard's wait for another delivery of the
 // same body (57014); that is in flight, never 500.
