@@ -213,12 +213,13 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	}
 	slices.Sort(marks)
 	brokerMark, dbMark := n/3, n/2
+	var restartErr error // a failed restart fails the run: it would prove nothing
 	chaos := func() {
 		if cfg.RestartBroker != nil && res.BrokerRestarts == 0 && applied.Load() >= brokerMark {
 			logf("restarting the broker at %d/%d applied", applied.Load(), n)
 			t0 := time.Now()
 			if err := cfg.RestartBroker(ctx); err != nil {
-				logf("restart the broker: %v", err)
+				restartErr = errors.Join(restartErr, fmt.Errorf("restart the broker: %w", err))
 			}
 			res.BrokerRestart = time.Since(t0)
 			res.BrokerRestarts++
@@ -227,7 +228,7 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 		if cfg.RestartDB != nil && res.DBRestarts == 0 && applied.Load() >= dbMark {
 			logf("restarting PostgreSQL (immediate mode) at %d/%d applied", applied.Load(), n)
 			if err := cfg.RestartDB(ctx); err != nil {
-				logf("restart PostgreSQL: %v", err)
+				restartErr = errors.Join(restartErr, fmt.Errorf("restart PostgreSQL: %w", err))
 			}
 			res.DBRestarts++
 		}
@@ -253,6 +254,9 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	}
 	<-pubDone
 	res.Publishes = pub.confirmed.Load()
+	if restartErr != nil {
+		return res, restartErr
+	}
 	// Every kill is followed by its restart; then the queues must drain.
 	for sup.restarting.Load() && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
