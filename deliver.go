@@ -83,18 +83,19 @@ func (p *Processor) HasRoutes(source string) bool { return p.routes.hasSource(so
 //     Process.
 //
 // An event without a route is answered OutcomeIgnored, nothing run. With
-// DeliverOptions.Guard, a body delivered before under another key is
-// answered with a *DuplicateBodyError, nothing run or written, and a wait past the
-// guard's LockTimeout for another delivery of the same body OutcomeInFlight.
-// Deliver
-// is what the HTTP endpoint and the queue consumers call for every verified
-// delivery; outcomes and errors are those of the mode's method, and an
-// event must be acknowledged only for a nil error (and never for
+// DeliverOptions.BodyDedupe, a body received before under another key is
+// answered with a *DuplicateBodyError, nothing run or written, and a wait
+// past its LockTimeout for another delivery of the same body
+// OutcomeInFlight.
+//
+// Deliver is what the HTTP endpoint and the queue consumers call for every
+// verified delivery; outcomes and errors are those of the mode's method,
+// and an event must be acknowledged only for a nil error (and never for
 // OutcomeInFlight). ctx bounds the work up to COMMIT.
 func (p *Processor) Deliver(ctx context.Context, ev Event, opts *DeliverOptions) (Result, error) {
 	res, err := p.deliver(ctx, ev, opts)
 	if errors.Is(err, errBodyInFlight) {
-		// Another delivery of the same body holds the guard's lock.
+		// Another delivery of the same body holds body dedupe's lock.
 		return Result{Outcome: OutcomeInFlight, RetryAfter: opts.BodyDedupe.lockTimeout()}, nil
 	}
 	return res, err
