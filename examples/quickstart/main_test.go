@@ -6,19 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/txhook/txhook/handler"
+	"github.com/txhook/txhook/internal/childproc"
+	"github.com/txhook/txhook/internal/localaddr"
 	"github.com/txhook/txhook/internal/testdb"
 )
 
@@ -116,10 +116,9 @@ func TestReadmeShowsTheProgram(t *testing.T) {
 
 // program is the quickstart running as a process of its own.
 type program struct {
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-	addr   string
-	exited chan struct{} // closed once the process has exited and cmd.Wait returned
+	*childproc.Process
+	out  *childproc.Output // what it printed
+	addr string
 }
 
 // start runs the program as the README runs it, on the database at dbURL,
@@ -130,55 +129,26 @@ func start(t *testing.T, dbURL, stripeSecret, githubSecret string) *program {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := localaddr.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	p := &program{cmd: exec.Command(exe), stderr: new(lockedBuffer), addr: addr, exited: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), runMainEnv+"=1", "DATABASE_URL="+dbURL, "ADDR="+addr,
-		"STRIPE_WEBHOOK_SECRET="+stripeSecret, "GITHUB_WEBHOOK_SECRET="+githubSecret)
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
+	out := new(childproc.Output)
+	p, err := childproc.Start(t.Context(), childproc.Spec{
+		Name: "quickstart",
+		Bin:  exe,
+		Env: childproc.Env(runMainEnv+"=1", "DATABASE_URL="+dbURL, "ADDR="+addr,
+			"STRIPE_WEBHOOK_SECRET="+stripeSecret, "GITHUB_WEBHOOK_SECRET="+githubSecret),
+		Addr:         addr,
+		Output:       out,
+		Tail:         out,
+		ReadyTimeout: 30 * time.Second,
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			c.Close()
-			return p
-		}
-		select {
-		case <-p.exited:
-			t.Fatalf("the program exited before it listened:\n%s", p.stderr)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the program does not listen on %s after 30s:\n%s", addr, p.stderr)
-		}
-	}
-}
-
-// lockedBuffer is a bytes.Buffer that the process's output and the test
-// may use at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	t.Cleanup(p.Kill)
+	return &program{Process: p, out: out, addr: addr}
 }
 
 // TestReadmeRecipe runs the README's signed deliveries (its openssl and curl
@@ -217,10 +187,10 @@ func TestReadmeRecipe(t *testing.T) {
 	sh.Dir = t.TempDir()
 	out, err := sh.Output()
 	if err != nil {
-		t.Fatalf("the recipe failed: %v\n%s\nthe program's log:\n%s", err, out, p.stderr)
+		t.Fatalf("the recipe failed: %v\n%s\nthe program's log:\n%s", err, out, p.out)
 	}
 	if string(out) != answers.text {
-		t.Errorf("the recipe answered:\n%s\nREADME.md prints:\n%s\nthe program's log:\n%s", out, answers.text, p.stderr)
+		t.Errorf("the recipe answered:\n%s\nREADME.md prints:\n%s\nthe program's log:\n%s", out, answers.text, p.out)
 	}
 
 	// The README prints psql's table; its first five columns do not
@@ -257,16 +227,12 @@ func TestReadmeRecipe(t *testing.T) {
 		t.Errorf("README.md's query gives %q; README.md prints %q", got, want)
 	}
 
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-p.exited:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("the program still runs 15s after SIGTERM:\n%s", p.stderr)
-	}
-	if p.cmd.ProcessState.ExitCode() != 0 || !strings.Contains(p.stderr.String(), "stopped") {
-		t.Fatalf("after SIGTERM: %v, want a clean stop (status 0, logged \"stopped\"):\n%s", p.cmd.ProcessState, p.stderr)
+	code, err := p.WaitExit(15 * time.Second)
+	if err != nil || code != 0 || !strings.Contains(p.out.String(), "stopped") {
+		t.Fatalf("after SIGTERM: exit status %d (%v), want a clean stop (status 0, logged \"stopped\"):\n%s", code, err, p.out)
 	}
 }
 
@@ -297,7 +263,7 @@ func TestSecondEventForTheSameSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"processed"`)) {
-			t.Fatalf("%s: answered %d %s, want 200 processed:\n%s", id, resp.StatusCode, answer, p.stderr)
+			t.Fatalf("%s: answered %d %s, want 200 processed:\n%s", id, resp.StatusCode, answer, p.out)
 		}
 	}
 	var orders int
