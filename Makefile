@@ -12,7 +12,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 
 # Modules with their own go.mod (the library first).
-MODULES := . tests otelhook inbox natsconsumer amqpconsumer examples/github-pushes examples/stripe-orders
+MODULES := . tests otelhook inbox natsconsumer amqpconsumer examples/quickstart examples/github-pushes examples/stripe-orders
 
 .PHONY: all test check fmt-check vet generate sqlc-diff staticcheck unit demo chaos bench bench-scale fuzz screenshots
 

@@ -24,6 +24,26 @@ func TestDemo(t *testing.T) {
 	if strings.Contains(text, "[FAIL]") || !strings.Contains(text, "Every step behaved as described.") {
 		t.Fatal("demo reported a step that did not behave as described")
 	}
+	// The rescue in GitHub's chapter is quick because of the demo's job
+	// timeout: the output names the setting and what the default would
+	// take.
+	for _, want := range []string{
+		"INBOX_JOB_TIMEOUT=" + jobTimeout.String(),
+		"inbox.DefaultJobTimeout, is " + defaultJobTimeout.String(),
+		(2 * defaultJobTimeout).String() + " to " + (2*defaultJobTimeout + rescuerInterval).String() + " after the crash",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the demo's output does not say %q", want)
+		}
+	}
+	// A check that holds while it tells of a loss (the naive dedupe's) says
+	// that the loss is what it showed, so that it does not read as a failure.
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, "  [ok  ] ") && (strings.Contains(line, "lost") || strings.Contains(line, "never send")) &&
+			!strings.HasPrefix(line, "  [ok  ] shown: ") {
+			t.Errorf("a check reads as a failure: %q", line)
+		}
+	}
 	// The story's end state, read independently of the demo's own checks.
 	var orders, events, naive int
 	var aliceTotal int64

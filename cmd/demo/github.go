@@ -38,6 +38,23 @@ const githubCrashPoint = txhooktest.CrashInboxAfterHandler
 // after the death) and the job's try is older than twice its timeout.
 const appliedWait = 90 * time.Second
 
+// jobTimeout is the github-pushes example's INBOX_JOB_TIMEOUT in the demo:
+// the bound of one try of a push's job. The inbox rescues the job of a
+// killed process once its try is older than twice the timeout
+// (RescueStuckJobsAfter), so with one second the rescue waits only for the
+// new process to lead River's maintenance.
+const jobTimeout = time.Second
+
+// defaultJobTimeout is inbox.DefaultJobTimeout, the timeout without the
+// demo's setting (the inbox is a module of its own, which the demo's does
+// not import).
+const defaultJobTimeout = time.Minute
+
+// rescuerInterval is how often River's rescuer looks for stuck jobs
+// (River's JobRescuerIntervalDefault), first when a process becomes its
+// leader.
+const rescuerInterval = 30 * time.Second
+
 // buildExample builds pkgs of the example module at exampleDir (relative
 // to the repository's root) into dir, with one go build, and returns each
 // binary's path by package.
@@ -95,17 +112,19 @@ func (d *demo) githubChapter(ctx context.Context) error {
 	d.heading("Step 5. GitHub never retries: inbox mode keeps the retry on the receiver's side.")
 	d.say("A GitHub delivery that is not answered 2xx stays failed until a person redelivers it. The github-pushes")
 	d.say("example runs in inbox mode: a verified push is stored with a River job and answered 202 once both are")
-	d.say("committed; River's workers, in the same process, apply it (event row locked, push recorded, row marked done")
-	d.say("and job completed, in one transaction).")
+	d.say("committed; River's workers, in the same process, apply it (in one transaction: the event row locked, the")
+	d.say("push recorded, the row marked done; River then completes the job).")
 	addr, err := localaddr.Free()
 	if err != nil {
 		return err
 	}
-	env := []string{"GITHUB_WEBHOOK_SECRET=" + githubSecret, "INBOX_JOB_TIMEOUT=1s", "FAIL_FIRST_TRY=" + first.after}
+	env := []string{"GITHUB_WEBHOOK_SECRET=" + githubSecret, "INBOX_JOB_TIMEOUT=" + jobTimeout.String(), "FAIL_FIRST_TRY=" + first.after}
 	srv, err := d.startGitHub(ctx, addr, env...)
 	if err != nil {
 		return err
 	}
+	d.sayf("The demo runs the example with INBOX_JOB_TIMEOUT=%s, the bound of one try of a job (the inbox's", jobTimeout)
+	d.sayf("default, inbox.DefaultJobTimeout, is %s), so that a killed process's job is rescued quickly below.", defaultJobTimeout)
 	d.sayf("The demo arms a forced failure of the first try of push %s (FAIL_FIRST_TRY).", first.delivery)
 	a := d.deliverPush(ctx, addr, first)
 	d.expect(a.Status == http.StatusAccepted && a.outcome() == "queued", "answered 202 queued: the push and its job are committed")
@@ -131,12 +150,16 @@ func (d *demo) githubChapter(ctx context.Context) error {
 	a = d.deliverPush(ctx, addr, second)
 	d.expect(a.Status == http.StatusAccepted && a.outcome() == "queued", "answered 202 queued: GitHub counts the delivery as a success and will not send it again")
 	code, err := srv.WaitExit(crashWait)
+	died := time.Now()
 	d.expect(err == nil && code == txhooktest.CrashExitCode, "the example's process died in the middle of the job (exit status %d)", code)
 	if err := d.expectPushes(ctx, second, 0); err != nil {
 		return err
 	}
 	d.say("The example is started again. Nobody redelivers: River's rescuer hands the dead process's job to the new")
-	d.say("one (this takes up to about 20s: the new process must first take over River's maintenance).")
+	d.sayf("one once the job's try is older than twice INBOX_JOB_TIMEOUT (%s here) and the new process leads River's", 2*jobTimeout)
+	d.say("maintenance: up to about 20s here. With the default timeout the rescue would wait until the try is")
+	d.sayf("%s old, at the rescuer's next run (every %s): %s to %s after the crash.",
+		2*defaultJobTimeout, rescuerInterval, 2*defaultJobTimeout, 2*defaultJobTimeout+rescuerInterval)
 	if _, err := d.startGitHub(ctx, addr, env...); err != nil {
 		return err
 	}
@@ -144,7 +167,8 @@ func (d *demo) githubChapter(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.expect(rec.Status == txhook.StatusDone, "push %s is done", second.delivery)
+	d.expect(rec.Status == txhook.StatusDone, "push %s is done, rescued and applied %s after the crash",
+		second.delivery, time.Since(died).Round(100*time.Millisecond))
 	if err := d.expectPushes(ctx, second, 1); err != nil {
 		return err
 	}

@@ -132,7 +132,7 @@ func (d *demo) stepCrash(ctx context.Context, srv *server, ev event, before int6
 	}
 	d.sayf("Stripe sends %s: %s pays %s, order %s.", ev.id, ev.customer.name, money(ev.amount), ev.session)
 	a := d.deliver(ctx, srv.addr, ev)
-	d.expect(a.Err != nil, "no answer reached Stripe, so Stripe will retry")
+	d.expect(a.Err != nil, "shown: the process died before answering, so Stripe will retry")
 	d.expectCrash(srv)
 	if err := d.expectNotApplied(ctx, ev, before); err != nil {
 		return err
@@ -170,13 +170,13 @@ func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 	}
 	d.sayf("Stripe sends %s to the naive receiver: %s pays %s, order %s.", ev.id, ev.customer.name, money(ev.amount), ev.session)
 	a := d.deliver(ctx, addr, ev)
-	d.expect(a.Err != nil, "no answer reached Stripe, so Stripe will retry")
+	d.expect(a.Err != nil, "shown: the process died before answering, so Stripe will retry")
 	d.expectCrash(naive)
 	n, err := d.state.naiveKeys(ctx, ev.id)
 	if err != nil {
 		return err
 	}
-	d.expect(n == 1, "but the event id was already committed as processed (rows: %d)", n)
+	d.expect(n == 1, "shown: the naive receiver had already committed the event id as processed (rows: %d)", n)
 
 	d.sayf("Restarting the naive receiver normally. Stripe retries %s.", ev.id)
 	if _, err := d.start(ctx, naive.name, naiveReceiverPkg, addr); err != nil {
@@ -184,7 +184,7 @@ func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 	}
 	a = d.deliver(ctx, addr, ev)
 	d.expect(a.Status == http.StatusOK && a.outcome() == "already processed",
-		`answered 200 "already processed": Stripe will never send this event again`)
+		`shown: the retry is answered 200 "already processed", so Stripe will never send this event again`)
 	orders, err := d.state.orders(ctx, ev.session)
 	if err != nil {
 		return err
@@ -194,7 +194,7 @@ func (d *demo) stepNaiveCrash(ctx context.Context, ev event) error {
 		return err
 	}
 	d.expect(orders == 0 && total == 0,
-		"the event is lost, as predicted: order %s is missing and %s's total is %s instead of %s, with no error anywhere",
+		"shown: the naive dedupe lost the event: order %s does not exist and %s's total is %s instead of %s, with no error anywhere",
 		ev.session, ev.customer.name, money(total), money(ev.amount))
 	return nil
 }
