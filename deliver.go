@@ -13,7 +13,7 @@ import (
 // OutcomeIgnored: no route is registered for the event's source and type
 // (nor a fallback for its source); no handler ran and nothing was written,
 // unless a body dedupe recorded the delivery's key and body hash
-// (DeliverOptions.Guard). The sender may be acknowledged.
+// (DeliverOptions.BodyDedupe). The sender may be acknowledged.
 const OutcomeIgnored = OutcomeQueued + 1
 
 // DeliverOptions configures one call of Deliver. The zero value (or nil)

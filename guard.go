@@ -43,7 +43,7 @@ func (e *DuplicateBodyError) Error() string {
 // digest of the signed body that the caller computes and that is stored with
 // the event's key.
 //
-// Deliver runs the check (DeliverOptions.Guard) inside the transaction
+// Deliver runs the check (DeliverOptions.BodyDedupe) inside the transaction
 // that records the event: a transactional route's own, after its key is
 // inserted; a lease route's claim; an inbox route's accept. It takes a
 // transaction-level advisory lock on (source, hash), so that deliveries of

@@ -22,8 +22,8 @@ import (
 // status queued, payload and payload hash, together with a job in the
 // application's queue, and the sender is answered 2xx only after that
 // COMMIT. The queue's worker then applies the event: in one transaction it
-// locks the row, runs the handler and marks the row done (and, when the
-// queue asks, completes its job: QueuedJob.Complete).
+// locks the row, runs the route's handler and marks the row done; the queue
+// completes its job afterwards.
 // The queue owns retries, backoff, the rescue of dead workers and shutdown;
 // txhook owns the dedupe and the exactly-once apply. Package
 // github.com/txhook/txhook/inbox runs it on River.

@@ -27,9 +27,9 @@ type LockAndFindPayloadHashParams struct {
 	LockTimeout   string
 }
 
-// The body dedupe's check, in the transaction that records the delivery (or claims it, or holds
-// the guard's lock while another route runs); see txhook_find_replay in migrations. Returns ”
-// when no other key has the hash.
+// The body dedupe's check, in the transaction that records the delivery (or claims it, or accepts
+// it into the inbox); see txhook_find_replay in migrations. Returns ” when no other key has the
+// hash.
 func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPayloadHashParams) (string, error) {
 	row := q.db.QueryRow(ctx, lockAndFindPayloadHash,
 		arg.Source,

@@ -55,7 +55,7 @@ type Signer interface {
 // either lets a captured body and signature be sent again as another
 // delivery (a fresh key, or a type whose route runs something else). When
 // it reports true, the endpoint's body dedupe is on by default (see
-// Config.BodyDedupeMode).
+// Config.BodyDedupe).
 type KeyUnsigned interface {
 	KeyUnsigned() bool
 }

@@ -22,8 +22,8 @@ const (
 // X-Shopify-Event-Id (the same for every subscription receiving the event),
 // or X-Shopify-Webhook-Id when that is absent; the type is X-Shopify-Topic.
 //
-// Shopify signs neither id header nor a timestamp, so the endpoint's replay
-// guard is on by default for this provider.
+// Shopify signs neither id header nor a timestamp, so the endpoint's body
+// dedupe is on by default for this provider.
 type Shopify struct {
 	// Secrets are the app's client secrets; a signature matching any of
 	// them is accepted (for rotation). Required.

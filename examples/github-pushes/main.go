@@ -16,9 +16,9 @@
 // APPLY_MODE=sync the push is applied before the answer (200
 // {"status":"processed"}), and a failure is GitHub's to redeliver.
 //
-// GitHub signs neither X-GitHub-Delivery nor a timestamp, so txhook's replay
-// guard is on: a captured body replayed under a fresh delivery id is
-// answered as a duplicate and logged. GitHub does not retry failed
+// GitHub signs neither X-GitHub-Delivery nor a timestamp, so txhook's body
+// dedupe is on: a captured body sent again under a fresh delivery id is
+// answered duplicate_body and logged. GitHub does not retry failed
 // deliveries by itself: with GITHUB_HOOK_ID set, the example runs txhook's
 // redelivery sweeper (package ghsweep) every REDELIVER_INTERVAL, which asks
 // GitHub to redeliver the failed deliveries of the last 3 days whose

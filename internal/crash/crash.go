@@ -63,9 +63,8 @@ const (
 	// InboxAfterHandler: the handler returned nil, the event is not
 	// marked done, nothing is committed.
 	InboxAfterHandler Point = "inbox-after-handler"
-	// InboxBeforeCommit: the handler's writes are made (with the job's
-	// completion when QueuedJob.Complete is set), immediately before COMMIT
-	// is sent (with the done mark).
+	// InboxBeforeCommit: the handler's writes are made, immediately before
+	// COMMIT is sent (with the done mark).
 	InboxBeforeCommit Point = "inbox-before-commit"
 	// InboxAfterCommit: COMMIT succeeded, the queue has not been told.
 	InboxAfterCommit Point = "inbox-after-commit"

@@ -1,7 +1,7 @@
 // Package engine runs txhook's transactions. Every transactional path of the
 // library goes through Run: Process on a pool, a connection or any Beginner,
 // ProcessTx under a savepoint of the caller's transaction, lease mode's phase
-// two, the Replayer, Run and RunTx; and every statement the library
+// two, the inbox's apply, Replay, Run and RunTx; and every statement the library
 // sends outside a transaction goes through Autocommit.
 //
 // A run is a transaction (or a savepoint) with an optional first step and a
