@@ -74,14 +74,15 @@ func versionOf(initdbPath string) int {
 // Start creates and starts a cluster in a new temporary folder. As root it
 // runs the server as the "postgres" user, since initdb refuses root.
 func Start(ctx context.Context) (*Cluster, error) {
-	return start(ctx, false)
+	return start(ctx, false, nil)
 }
 
 // StartDurable is Start with PostgreSQL's default durability settings
 // (fsync, synchronous_commit and full_page_writes on), for benchmarks that
 // must pay for durable commits and for tests that restart the server.
-func StartDurable(ctx context.Context) (*Cluster, error) {
-	return start(ctx, true)
+// settings are extra server settings (name=value), as for StartKept.
+func StartDurable(ctx context.Context, settings ...string) (*Cluster, error) {
+	return start(ctx, true, settings)
 }
 
 // StartKept starts a durable cluster whose files live in dir and outlive
@@ -111,7 +112,7 @@ func StartKept(ctx context.Context, dir string, settings ...string) (*Cluster, e
 	return c, nil
 }
 
-func start(ctx context.Context, durable bool) (*Cluster, error) {
+func start(ctx context.Context, durable bool, settings []string) (*Cluster, error) {
 	binDir, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -120,7 +121,7 @@ func start(ctx context.Context, durable bool) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
 	}
-	c := &Cluster{dir: dir, binDir: binDir, durable: durable}
+	c := &Cluster{dir: dir, binDir: binDir, durable: durable, settings: settings}
 	if os.Geteuid() == 0 {
 		c.runAs = "postgres"
 		if err := chownTo(dir, c.runAs); err != nil {

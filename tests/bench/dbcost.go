@@ -203,9 +203,24 @@ func (p *dbProbe) walByRelation(ctx context.Context, a, b dbCounters, n int64) [
 	if n == 0 {
 		return nil
 	}
+	if b.wal <= a.wal {
+		return []walShare{} // measured: none (pg_walinspect refuses an empty range)
+	}
 	if _, err := p.conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect"); err != nil {
 		logf("WAL by relation: %v", err)
 		return nil
+	}
+	// Records written without a commit of their own (hint bits, a
+	// checkpoint's) reach the disk within the WAL writer's delay.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var flushed float64
+		if err := p.conn.QueryRow(ctx, "SELECT (pg_current_wal_flush_lsn() - '0/0')::float8").Scan(&flushed); err != nil {
+			logf("WAL by relation: %v", err)
+			return nil
+		}
+		if int64(flushed) > a.wal && int64(flushed) >= b.wal {
+			break
+		}
 	}
 	rows, err := p.conn.Query(ctx, `
 		WITH r AS (
