@@ -184,7 +184,7 @@ func TestUpFSAppliesApplicationMigrations(t *testing.T) {
 	}
 }
 
-// TestPayloadCompression: 0019 compresses new payloads with lz4 (on a server
+// TestPayloadCompression: 0014 compresses new payloads with lz4 (on a server
 // built with it), and its down migration returns to the server's default.
 func TestPayloadCompression(t *testing.T) {
 	t.Parallel()
