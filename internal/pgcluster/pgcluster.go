@@ -73,14 +73,14 @@ func versionOf(initdbPath string) int {
 
 // Start creates and starts a cluster in a new temporary folder. As root it
 // runs the server as the "postgres" user, since initdb refuses root.
-func Start(ctx context.Context) (*Cluster, error) {
-	return start(ctx, false, nil)
+// settings are extra server settings (name=value), as for StartKept.
+func Start(ctx context.Context, settings ...string) (*Cluster, error) {
+	return start(ctx, false, settings)
 }
 
 // StartDurable is Start with PostgreSQL's default durability settings
 // (fsync, synchronous_commit and full_page_writes on), for benchmarks that
 // must pay for durable commits and for tests that restart the server.
-// settings are extra server settings (name=value), as for StartKept.
 func StartDurable(ctx context.Context, settings ...string) (*Cluster, error) {
 	return start(ctx, true, settings)
 }
