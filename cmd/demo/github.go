@@ -32,6 +32,11 @@ const githubSecret = "github_demo_secret"
 // push's handler has run, nothing of the job is committed.
 const githubCrashPoint = txhooktest.CrashInboxAfterHandler
 
+// tryDelay is how long each try waits before its writes in the crash run:
+// River's workers take a job within milliseconds of its commit, and without
+// it the process could die before the delivery's answer was written.
+const tryDelay = 300 * time.Millisecond
+
 // appliedWait bounds how long the demo waits for a queued push to be
 // applied. A job whose process died is handed to another by River's
 // rescuer once a new process leads River's maintenance (up to about 20s
@@ -142,8 +147,9 @@ func (d *demo) githubChapter(ctx context.Context) error {
 
 	d.sayf("The demo restarts the example armed to die in the middle of a job (%s), and GitHub sends push %s once.",
 		githubCrashPoint, second.delivery)
+	d.sayf("Each try waits %s first (TRY_DELAY), so that the 202 is out before the process dies.", tryDelay)
 	srv.stop()
-	srv, err = d.startGitHub(ctx, addr, append(env, txhooktest.CrashPointEnv+"="+string(githubCrashPoint))...)
+	srv, err = d.startGitHub(ctx, addr, append(env, "TRY_DELAY="+tryDelay.String(), txhooktest.CrashPointEnv+"="+string(githubCrashPoint))...)
 	if err != nil {
 		return err
 	}

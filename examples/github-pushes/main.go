@@ -41,6 +41,9 @@
 //	                       its try began (default 1m)
 //	FAIL_FIRST_TRY         a commit id (after): the first try of that push
 //	                       fails in this process, for demonstrations
+//	TRY_DELAY              each try of a push waits this long before its
+//	                       writes (default 0), for demonstrations: a crash
+//	                       in the job then comes after the delivery's 202
 //	TXHOOK_CRASH_POINT     makes the process exit at a crash point, for crash tests
 //
 // The redelivery sweeper, off when GITHUB_HOOK_ID is unset:
@@ -102,6 +105,7 @@ type config struct {
 	Sync          bool          // APPLY_MODE=sync; default inbox
 	JobTimeout    time.Duration // INBOX_JOB_TIMEOUT, default 1m
 	FailFirstTry  string        // FAIL_FIRST_TRY
+	TryDelay      time.Duration // TRY_DELAY
 	Sweeper       sweeperConfig
 }
 
@@ -128,6 +132,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 		c.Sync = true
 	default:
 		problems = append(problems, fmt.Sprintf("APPLY_MODE must be inbox or sync, got %q", m))
+	}
+	if v := strings.TrimSpace(getenv("TRY_DELAY")); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			problems = append(problems, fmt.Sprintf("TRY_DELAY must be a duration such as 300ms, got %q", v))
+		}
+		c.TryDelay = d
 	}
 	c.JobTimeout = inbox.DefaultJobTimeout
 	if v := strings.TrimSpace(getenv("INBOX_JOB_TIMEOUT")); v != "" {
@@ -268,6 +279,9 @@ func newHandler(pool *pgxpool.Pool, cfg config, log *slog.Logger) (http.Handler,
 	apply := txhook.WithQueries(pushesdb.New, push)
 	if cfg.FailFirstTry != "" {
 		apply = failFirstTry(cfg.FailFirstTry, apply)
+	}
+	if cfg.TryDelay > 0 {
+		apply = delayTries(cfg.TryDelay, apply)
 	}
 	// The one route, registered once: applied by the inbox's job, or during
 	// the delivery with cfg.Sync.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -72,5 +73,21 @@ func failFirstTry(after string, h txhook.HandlerFunc) txhook.HandlerFunc {
 			return fmt.Errorf("push %s: forced failure of the first try (FAIL_FIRST_TRY)", ev.Key)
 		}
 		return h(ctx, tx, ev)
+	}
+}
+
+// delayTries returns h, except that each try waits d before it runs h (or
+// fails when ctx ends first): for demonstrations of a crash in the middle of
+// a job, which then comes after the delivery's answer is out.
+func delayTries(d time.Duration, h txhook.HandlerFunc) txhook.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return h(ctx, tx, ev)
+		case <-ctx.Done():
+			return fmt.Errorf("push %s: %w", ev.Key, context.Cause(ctx))
+		}
 	}
 }
