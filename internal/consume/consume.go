@@ -69,6 +69,14 @@ type Decision struct {
 // Decide maps Deliver's answer for a message delivered for the attempt-th
 // time (1 for the first) to its Decision. In flight waits the Retry-After
 // Deliver gave; errors wait b's backoff for the attempt.
+//
+// Only txhook's own errors say that the database could not be used
+// (ErrUnavailable, ErrCommitUnknown), unlike the HTTP endpoint, which also
+// answers 503 for a handler's error that engine.Unreachable recognises: a
+// consumer keeps a message whose database was unavailable without spending
+// its deliveries, so a handler's own error (a network error from a service
+// it calls among them) must spend one, or a message that always fails would
+// never become a dead letter.
 func Decide(res txhook.Result, err error, attempt int, b Backoff) Decision {
 	if err != nil {
 		switch {
