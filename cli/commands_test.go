@@ -186,7 +186,8 @@ func TestReplay(t *testing.T) {
 		t.Errorf("replay of a queued event: exit %d, %q", code, errOut)
 	}
 	code, out, errOut = f.run(t, "replay", "--dry-run", "stripe", "evt_abandoned_1")
-	if code != 0 || !strings.Contains(out, "would replay stripe evt_abandoned_1 (invoice.paid, 1 attempts, stuck in_progress)") {
+	if code != 0 || !strings.Contains(out, "would replay stripe evt_abandoned_1 (invoice.paid, 1 attempt, stuck in_progress)") ||
+		!strings.HasSuffix(out, "would replay 1 of 1 dead letter\n") {
 		t.Errorf("replay --dry-run of a stuck event: exit %d, %q, %q", code, out, errOut)
 	}
 

@@ -20,6 +20,12 @@ func runGitHub(ctx context.Context, c *cli, args []string) error {
 		return runGitHubRedeliver(ctx, c, args[1:])
 	}
 	fs := c.newFlags("github", "github redeliver [flags]")
+	fs.Usage = func() {
+		// The one subcommand's usage and flags, as events --help shows its
+		// subcommands'.
+		fmt.Fprintf(c.stdout, "Usage: %s github SUBCOMMAND [flags]\n\nSubcommands:\n  %-13s %s\n\n", c.name, "redeliver", "ask GitHub to redeliver the webhook's failed deliveries")
+		runGitHubRedeliver(ctx, c, []string{"--help"}) // prints its usage; returns flag.ErrHelp
+	}
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -49,7 +55,7 @@ func runGitHubRedeliver(ctx context.Context, c *cli, args []string) error {
 	org := fs.String("org", "", "organization of an organization hook")
 	app := fs.Bool("app", false, "the GitHub App's hook (needs GITHUB_APP_ID and a private key)")
 	hookID := fs.String("hook-id", "", "hook id of a repository or organization hook (default: $GITHUB_HOOK_ID)")
-	appKeyFile := fs.String("app-key-file", "", "file holding the App's private key in PEM (default: $GITHUB_APP_PRIVATE_KEY)")
+	appKeyFile := fs.String("app-key-file", "", "file holding the App's private key in PEM (without it: the PEM text in $GITHUB_APP_PRIVATE_KEY)")
 	cfg := ghsweep.Config{}
 	fs.StringVar(&cfg.Source, "source", "github", "source name of the GitHub endpoint in the events table")
 	fs.StringVar(&cfg.APIURL, "api-url", "", "REST API base URL (default: $GITHUB_API_URL, else https://api.github.com)")

@@ -66,3 +66,22 @@ func TestEventsHelp(t *testing.T) {
 		t.Errorf("txhook prune --help shows the database URL, or not its flag:\n%s", out)
 	}
 }
+
+// github --help shows the flags of its one subcommand, redeliver (it showed
+// only --database-url), and says what --app-key-file stands in for.
+func TestGitHubHelp(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := txhookCLI(t, "github", "--help")
+	if code != 0 || errOut != "" {
+		t.Fatalf("txhook github --help: exit %d, %q", code, errOut)
+	}
+	for _, want := range []string{
+		"Usage: txhook github SUBCOMMAND [flags]",
+		"Usage: txhook github redeliver [flags]", "-max-pages", "-run-timeout", "-hook-id",
+		"(without it: the PEM text in $GITHUB_APP_PRIVATE_KEY)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("txhook github --help lacks %q:\n%s", want, out)
+		}
+	}
+}

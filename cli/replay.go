@@ -55,10 +55,7 @@ func runDeadLetters(ctx context.Context, c *cli, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	shown := "1 dead letter shown"
-	if len(evs) != 1 {
-		shown = fmt.Sprintf("%d dead letters shown", len(evs))
-	}
+	shown := plural(len(evs), "dead letter") + " shown"
 	if c.cfg.NewProcessor != nil {
 		fmt.Fprintf(c.stdout, "\n%s, oldest first. Replay one: %s replay SOURCE KEY; all of them: %s replay --all\n", shown, c.name, c.name)
 		return nil
@@ -148,10 +145,10 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 			if e.Status != txhook.StatusFailed {
 				state = "stuck " + string(e.Status)
 			}
-			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %d attempts, %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
-				cell(e.Type, 40), e.Attempts, state, cell(e.LastError, 80))
+			fmt.Fprintf(c.stdout, "would replay %s %s (%s, %s, %s): %s\n", cell(e.Source, 40), cell(e.Key, 60),
+				cell(e.Type, 40), plural(e.Attempts, "attempt"), state, cell(e.LastError, 80))
 		}
-		fmt.Fprintf(c.stdout, "would replay %d of %d dead letters\n", n, len(events))
+		fmt.Fprintf(c.stdout, "would replay %d of %s\n", n, plural(len(events), "dead letter"))
 		return nil
 	}
 
@@ -191,10 +188,19 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		}
 	}
 	if *all {
-		fmt.Fprintf(c.stdout, "%d of %d dead letters processed, %d failed again, %d not replayed\n", processed, len(events), failed, errs)
+		fmt.Fprintf(c.stdout, "%d of %s processed, %d failed again, %d not replayed\n", processed, plural(len(events), "dead letter"), failed, errs)
 	}
 	if failed+errs > 0 {
 		return fmt.Errorf("%d of %d events not processed", failed+errs, len(events))
 	}
 	return nil
+}
+
+// plural is n and noun, with an s unless n is 1: "1 dead letter", "2 dead
+// letters".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
