@@ -253,6 +253,10 @@ func (d *demo) expectPushes(ctx context.Context, p push, want int) error {
 	if err != nil {
 		return err
 	}
-	d.expect(n == want, "push %s is recorded %d time(s) (rows: %d)", p.delivery, want, n)
+	rows := map[int]string{0: "not in the pushes table", 1: "in the pushes table once"}[want]
+	if rows == "" {
+		rows = fmt.Sprintf("in the pushes table %d times", want)
+	}
+	d.expect(n == want, "push %s is %s (rows: %d)", p.delivery, rows, n)
 	return nil
 }
