@@ -259,11 +259,11 @@ func TestReplayInFlight(t *testing.T) {
 
 	code, out, errOut := runWith(t, env{progressEvery: time.Hour}, cfg, "--database-url", f.db.URL, "replay", "stripe", "evt_failed_1")
 	if code != 1 || out != "not replayed stripe evt_failed_1: another replay or delivery holds the event; try again\n" ||
-		!strings.Contains(errOut, "1 of 1 events not processed") {
+		!strings.Contains(errOut, "1 of 1 event not processed") {
 		t.Errorf("replay of a held event: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	code, out, _ = runWith(t, env{progressEvery: time.Hour}, cfg, "--database-url", f.db.URL, "replay", "--all", "--source", "stripe", "--type", "invoice.paid", "--limit", "1")
-	if code != 1 || !strings.Contains(out, "0 of 1 dead letters processed, 0 failed again, 1 not replayed\n") {
+	if code != 1 || !strings.Contains(out, "0 of 1 dead letter processed, 0 failed again, 1 not replayed\n") {
 		t.Errorf("replay --all of a held event: exit %d, stdout %q", code, out)
 	}
 	if ran {

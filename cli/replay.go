@@ -191,7 +191,7 @@ func runReplay(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(c.stdout, "%d of %s processed, %d failed again, %d not replayed\n", processed, plural(len(events), "dead letter"), failed, errs)
 	}
 	if failed+errs > 0 {
-		return fmt.Errorf("%d of %d events not processed", failed+errs, len(events))
+		return fmt.Errorf("%d of %s not processed", failed+errs, plural(len(events), "event"))
 	}
 	return nil
 }
