@@ -223,8 +223,13 @@ func (c *Consumer) Start(ctx context.Context) error {
 // beginStop makes the Consumer fetch no more messages and hold none.
 func (c *Consumer) beginStop() { c.stopOnce.Do(func() { close(c.stopping) }) }
 
+// flushTimeout bounds the flush of the last acknowledgements when the
+// Consumer stops.
+const flushTimeout = 5 * time.Second
+
 // Stop stops fetching, waits until every message the Consumer holds is
-// settled (acknowledged, or handed back for redelivery), and returns. A
+// settled (acknowledged, or handed back for redelivery) and the settlements
+// are sent to the server, and returns. A
 // message held while the database cannot be used is handed back at once
 // (NakWithDelay), unless it is on its last delivery: then it is applied
 // until ctx ends, and dead-lettered if it could not be. When ctx ends first,
@@ -255,6 +260,14 @@ func (c *Consumer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer func() {
 		wg.Wait()
+		// The settled messages' acks and naks are sent without waiting
+		// for the server: flush them, so that a process that exits once
+		// Stop returns has handed them over. One lost is harmless (the
+		// redelivery is a duplicate), so a failure is only logged.
+		if err := c.js.Conn().FlushTimeout(flushTimeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "txhook: consumer stopped: its acknowledgements may not have reached the server",
+				slog.String("source", c.cfg.Source), slog.String("error", err.Error()))
+		}
 		c.cancel()
 		close(c.done)
 	}()
