@@ -45,6 +45,8 @@ func (g *guard) hash(eventType string, body []byte) []byte {
 	}
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
+	// The tag keeps the check's former name: hashes already stored were
+	// made with it.
 	h.Write([]byte("txhook replay guard: type and body\x00"))
 	h.Write(n[:binary.PutUvarint(n[:], uint64(len(eventType)))])
 	h.Write([]byte(eventType))

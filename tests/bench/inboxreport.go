@@ -29,7 +29,7 @@ var inboxRatios = []ratioRow{
 // describeInbox writes what the inbox rows measure.
 func (r *report) describeInbox(p func(string, ...any)) {
 	p("- **%s**, **%s**: GitHub-signed pushes (a %d-byte body, as GitHub sends for a push of three commits; the", scenInboxAccept, scenInboxSync, len(pushBody("r0_acc8_0_0")))
-	p("  handler makes one insert) posted to one endpoint served in this process (httptest; replay guard off, as the")
+	p("  handler makes one insert) posted to one endpoint served in this process (httptest; body dedupe off, as the")
 	p("  receiver by hand has none), whose push route is inbox mode's accept (the event row and a River job in one")
 	p("  transaction, answered 202; no worker runs; River's client on inbox.New's defaults) or the synchronous route")
 	p("  (applied before the 200).")
