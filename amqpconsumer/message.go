@@ -2,6 +2,7 @@ package amqpconsumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -50,6 +51,12 @@ func (c *Consumer) handle(s *session, d amqp.Delivery) {
 	default:
 		settleErr = c.deadLetter(ctx, s, d, dec.Err)
 	}
+	if errors.Is(settleErr, errCopyFailed) {
+		// The copy could not be published: give the message back to its
+		// queue, but only after the attempt's backoff, or the broker would
+		// hand it straight back and the consumer spin on a failing publish.
+		settleErr = c.giveBack(d, settleErr, c.backoff.Delay(attempt))
+	}
 	consume.Report(ctx, c.log, c.cfg.Observer, transport, dec.Action, handler.Report{
 		Source: c.cfg.Source, Key: ev.Key, Type: ev.Type, Answer: dec.Answer, Duration: time.Since(start), Err: dec.Err,
 	})
@@ -79,7 +86,7 @@ func (c *Consumer) eventType(d amqp.Delivery) string {
 func (c *Consumer) retry(ctx context.Context, s *session, d amqp.Delivery, attempt int, wait time.Duration) error {
 	q, err := s.retryQueue(retryWait(wait))
 	if err != nil {
-		return giveBack(d, fmt.Errorf("retry: %w", err))
+		return fmt.Errorf("retry: %w: %w", errCopyFailed, err)
 	}
 	p := copyOf(d)
 	p.Headers[headerAttempt] = int64(attempt)
@@ -100,12 +107,17 @@ func (c *Consumer) deadLetter(ctx context.Context, s *session, d amqp.Delivery, 
 	return moveTo(ctx, s, d, c.cfg.DeadLetterQueue, p)
 }
 
+// errCopyFailed marks an error of a copy of a message that could not be
+// published: the message is still unacknowledged, for handle to give back.
+var errCopyFailed = errors.New("copy not published")
+
 // moveTo publishes p, d's copy, to queue and acknowledges d once the broker
 // confirmed the copy: only then is the copy the broker's to keep. A copy
-// that cannot be published leaves d to the broker.
+// that cannot be published leaves d unacknowledged, with an error matching
+// errCopyFailed.
 func moveTo(ctx context.Context, s *session, d amqp.Delivery, queue string, p amqp.Publishing) error {
 	if err := s.publish(ctx, queue, p); err != nil {
-		return giveBack(d, err)
+		return fmt.Errorf("%w to %q: %w", errCopyFailed, queue, err)
 	}
 	if err := d.Ack(false); err != nil {
 		return fmt.Errorf("acknowledge after publishing its copy to %q: %w", queue, err)
@@ -113,13 +125,21 @@ func moveTo(ctx context.Context, s *session, d amqp.Delivery, queue string, p am
 	return nil
 }
 
-// giveBack returns d to its queue at once (a nack with requeue), after
-// err: what could not move it to a retry or dead-letter queue.
-func giveBack(d amqp.Delivery, err error) error {
+// giveBack returns d to its queue (a nack with requeue) after wait, or at
+// once when the Consumer stops, after err: what could not move it to a
+// retry or dead-letter queue.
+func (c *Consumer) giveBack(d amqp.Delivery, err error, wait time.Duration) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.stop:
+	case <-c.work.Done():
+	}
 	if nerr := d.Nack(false, true); nerr != nil {
 		return fmt.Errorf("%w; give the message back: %w", err, nerr)
 	}
-	return fmt.Errorf("%w (given back to the queue at once)", err)
+	return fmt.Errorf("%w (given back to the queue after %s)", err, wait)
 }
 
 // copyOf is d as a persistent message to publish again: its properties
