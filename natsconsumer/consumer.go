@@ -277,7 +277,10 @@ func (c *Consumer) run(ctx context.Context) {
 	}
 	failures := 0
 	for {
-		err := c.pull(ctx, free, &wg)
+		delivered, err := c.pull(ctx, free, &wg)
+		if delivered {
+			failures = 0 // the subscription worked: a later failure starts the backoff again
+		}
 		switch {
 		case c.stopped(ctx):
 			return
@@ -314,11 +317,11 @@ func (c *Consumer) stopped(ctx context.Context) bool {
 // more ahead. After Stop the subscription drains: the messages fetched ahead
 // are applied too, none is asked for. nats.go makes the pull request again
 // after a reconnect. pull returns when the subscription is drained or ctx
-// ends (nil), or when it fails.
-func (c *Consumer) pull(ctx context.Context, free chan struct{}, wg *sync.WaitGroup) error {
+// ends (nil), or when it fails, and whether it delivered any message.
+func (c *Consumer) pull(ctx context.Context, free chan struct{}, wg *sync.WaitGroup) (delivered bool, err error) {
 	it, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxInFlight))
 	if err != nil {
-		return err
+		return false, err
 	}
 	done := make(chan struct{})
 	defer close(done)
@@ -336,7 +339,7 @@ func (c *Consumer) pull(ctx context.Context, free chan struct{}, wg *sync.WaitGr
 		select {
 		case <-free:
 		case <-ctx.Done():
-			return nil
+			return delivered, nil
 		}
 		// A bounded wait: nats.go v1.55 can miss making the next pull
 		// request when a message arrives while it is still sending the
@@ -349,10 +352,11 @@ func (c *Consumer) pull(ctx context.Context, free chan struct{}, wg *sync.WaitGr
 		case err != nil:
 			free <- struct{}{}
 			if c.stopped(ctx) {
-				return nil
+				return delivered, nil
 			}
-			return err
+			return delivered, err
 		}
+		delivered = true
 		wg.Go(func() {
 			defer func() { free <- struct{}{} }()
 			c.handle(ctx, msg)
