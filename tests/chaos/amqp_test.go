@@ -31,8 +31,8 @@ func TestAMQPChaosShort(t *testing.T) {
 	cfg.Log = t.Logf
 	res, err := runAMQP(t.Context(), cfg)
 	mustBeClean(t, cfg.Seed, res, res.Problems, err)
-	if res.Kills < cfg.Kills || res.BrokerRestarts != 1 || res.Publishes <= int64(res.Messages) {
-		t.Errorf("kills=%d broker_restarts=%d publishes=%d for %d messages: the run did not do what it claims",
-			res.Kills, res.BrokerRestarts, res.Publishes, res.Messages)
+	if res.Kills < cfg.Kills || res.BrokerRestarts != 1 || res.DBRestarts != 1 || res.Publishes <= int64(res.Messages) {
+		t.Errorf("kills=%d broker_restarts=%d db_restarts=%d publishes=%d for %d messages: the run did not do what it claims",
+			res.Kills, res.BrokerRestarts, res.DBRestarts, res.Publishes, res.Messages)
 	}
 }
