@@ -121,7 +121,11 @@ func start(t *testing.T, dbURL, natsURL, stream, mode string, cp txhooktest.Cras
 	return cmd, &out
 }
 
-// wait waits up to 10s for cmd to exit and returns its exit code.
+// bound is how long a consumer process may take to reach its crash point,
+// to apply what a dead one left, or to exit: generous, for a busy machine.
+const bound = 30 * time.Second
+
+// wait waits up to bound for cmd to exit and returns its exit code.
 func wait(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer) int {
 	t.Helper()
 	done := make(chan error, 1)
@@ -135,10 +139,10 @@ func wait(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer) int {
 			return exitErr.ExitCode()
 		}
 		t.Fatalf("wait: %v", err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(bound):
 		_ = cmd.Process.Kill()
 		<-done
-		t.Fatalf("consumer still running after 10s; its output:\n%s", out)
+		t.Fatalf("consumer still running after %s; its output:\n%s", bound, out)
 	}
 	return 0
 }
@@ -196,9 +200,11 @@ func crashThenRestart(t *testing.T, d *testdb.DB, natsURL, mode string, cp txhoo
 	}
 	// Started again without the crash point, it gets what the dead one held.
 	cmd, out = start(t, d.URL, natsURL, stream, mode, "")
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(bound)
 	for {
-		info, err := cons.Info(ctx)
+		ictx, icancel := context.WithTimeout(t.Context(), 5*time.Second)
+		info, err := cons.Info(ictx)
+		icancel()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +213,8 @@ func crashThenRestart(t *testing.T, d *testdb.DB, natsURL, mode string, cp txhoo
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			t.Fatalf("after 10s: %d unacknowledged, %d pending; the consumer's output:\n%s", info.NumAckPending, info.NumPending, out)
+			_ = cmd.Wait() // its output is complete once it has exited
+			t.Fatalf("after %s: %d unacknowledged, %d pending; the consumer's output:\n%s", bound, info.NumAckPending, info.NumPending, out)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
