@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/txhook/txhook/internal/engine"
 )
 
 // OutcomeIgnored: no route is registered for the event's source and type
@@ -28,7 +26,7 @@ type DeliverOptions struct {
 	// Ignore says that the delivery carries no event to apply, whatever
 	// routes are registered (a provider's connectivity check, such as
 	// GitHub's ping): it is answered OutcomeIgnored, and recorded when
-	// Guard is set. Defaults to false.
+	// BodyDedupe is set. Defaults to false.
 	Ignore bool
 	// LastAttempt says that the sender will not deliver the event again (a
 	// broker's last redelivery): a handler error then records the event as
@@ -128,7 +126,7 @@ func (p *Processor) deliver(ctx context.Context, ev Event, opts *DeliverOptions)
 		if qp == nil {
 			return Result{}, fmt.Errorf("deliver %s event %q: %w", ev.Source, ev.Type, errNoQueue)
 		}
-		return p.accept(ctx, engine.Begin(p.db), ev, g, *qp)
+		return p.accept(ctx, ev, g, *qp)
 	case r.isLease():
 		h := r.lease
 		if g != nil {

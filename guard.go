@@ -122,9 +122,9 @@ func (g BodyDedupe) check(ctx context.Context, q db.DBTX, ev Event) error {
 	})
 	switch {
 	case isReplayWait(err):
-		return fmt.Errorf("check replay: %w", errors.Join(errBodyInFlight, err))
+		return fmt.Errorf("body dedupe: %w", errors.Join(errBodyInFlight, err))
 	case err != nil:
-		return fmt.Errorf("check replay: %w", err)
+		return fmt.Errorf("body dedupe: %w", err)
 	case other != "":
 		return &DuplicateBodyError{Key: other}
 	}

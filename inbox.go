@@ -38,8 +38,7 @@ const OutcomeQueued = OutcomeFailed + 1
 const statusQueued = "queued"
 
 // accept records ev as queued and enqueues its job in q, in one transaction
-// at at: Deliver's inbox mode. It takes two round trips on a new
-// transaction: a check that the key is not recorded yet and the job's
+// of its own: Deliver's inbox mode. It takes two round trips: a check that the key is not recorded yet and the job's
 // insert travel with BEGIN; the row's insert, with the job's id, travels
 // with COMMIT, so the row is
 // written once. The payload and payload hash are stored whatever
@@ -58,7 +57,8 @@ const statusQueued = "queued"
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
-// With a BodyDedupe, its check runs first in the transaction; its lock is
+// With a BodyDedupe, its check runs first in the transaction after the
+// key's (the check that the key is not recorded yet); its lock is
 // held until COMMIT, with which the row is inserted, so the next delivery
 // of the same body finds the row. A concurrent delivery of the same key
 // then waits at the guard's lock (bounded by BodyDedupe.LockTimeout, past
@@ -67,15 +67,15 @@ const statusQueued = "queued"
 // cannot be known), and the sender must not be acknowledged; a database
 // that cannot be used gives an *UnavailableError. ctx bounds the work up to
 // COMMIT.
-func (p *Processor) accept(ctx context.Context, at engine.Target, ev Event, g *BodyDedupe, q Queue) (Result, error) {
+func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue) (Result, error) {
 	if err := ev.validate(p.maxKeyLen); err != nil {
 		return Result{}, err
 	}
 	o := p.run
-	if g != nil && !at.Nested() {
+	if g != nil {
 		o.Tx.IsoLevel = pgx.ReadCommitted // the guard's lookup must see what committed while it waited
 	}
-	err := engine.Run(ctx, at, o, engine.Spec{
+	err := engine.Run(ctx, engine.Begin(p.db), o, engine.Spec{
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			deferred := db.New(engine.Deferred(tx))
 			// A recorded key fails this check, which travels with BEGIN

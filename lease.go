@@ -94,7 +94,7 @@ type LeaseHandler struct {
 	// then has a deadline at the end of the lease.
 	RenewEvery time.Duration
 
-	guard *BodyDedupe // checked inside the claim; see BodyDedupe.Lease
+	guard *BodyDedupe // checked inside the claim; see BodyDedupe.claimGuarded
 }
 
 type leaseSettings struct {
