@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -59,26 +57,6 @@ const defaultJobTimeout = time.Minute
 // (River's JobRescuerIntervalDefault), first when a process becomes its
 // leader.
 const rescuerInterval = 30 * time.Second
-
-// buildExample builds pkgs of the example module at exampleDir (relative
-// to the repository's root) into dir, with one go build, and returns each
-// binary's path by package.
-func buildExample(ctx context.Context, dir, exampleDir string, pkgs ...string) (map[string]string, error) {
-	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return nil, fmt.Errorf("find the repository (go list -m): %w", err)
-	}
-	src := filepath.Join(strings.TrimSpace(string(root)), exampleDir)
-	args := append([]string{"build", "-C", src, "-o", dir + string(filepath.Separator)}, pkgs...)
-	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build %s: %w\n%s", exampleDir, err, out)
-	}
-	bins := make(map[string]string, len(pkgs))
-	for _, p := range pkgs {
-		bins[p] = filepath.Join(dir, filepath.Base(p))
-	}
-	return bins, nil
-}
 
 // push is one of the chapter's GitHub pushes.
 type push struct {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txhook/txhook/internal/childproc"
 	"github.com/txhook/txhook/internal/pgcluster"
 )
 
@@ -80,12 +81,12 @@ func run(ctx context.Context, out io.Writer, dbURL string) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(out, "  Building the stripe-orders example and, for comparison, a naive receiver (go build).")
-	bins, err := buildExample(ctx, dir, stripeOrdersDir, stripeOrdersPkg, naiveReceiverPkg)
+	bins, err := childproc.BuildModule(ctx, dir, stripeOrdersDir, stripeOrdersPkg, naiveReceiverPkg)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "  Building the github-pushes example (inbox mode, on River).")
-	githubBins, err := buildExample(ctx, dir, githubPushesDir, githubPushesPkg)
+	githubBins, err := childproc.BuildModule(ctx, dir, githubPushesDir, githubPushesPkg)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ import (
 // values its starter gives it.
 var ReceiverSettings = []string{"DATABASE_URL", "STRIPE_WEBHOOK_SECRET", "ADDR", "FULFILLMENT_URL", "TXHOOK_CRASH_POINT",
 	"GITHUB_WEBHOOK_SECRET", "GITHUB_API_URL", "GITHUB_TOKEN", "GITHUB_REPOSITORY", "GITHUB_HOOK_ID",
-	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF", "APPLY_MODE", "INBOX_JOB_TIMEOUT", "FAIL_FIRST_TRY",
+	"REDELIVER_INTERVAL", "REDELIVER_PAUSE", "REDELIVER_BACKOFF", "APPLY_MODE", "INBOX_JOB_TIMEOUT", "FAIL_FIRST_TRY", "TRY_DELAY",
 	"AMQP_URL", "NATS_URL"}
 
 // Build compiles pkgs into dir with one go build and returns each binary's
@@ -46,21 +46,26 @@ func Build(ctx context.Context, dir string, pkgs ...string) (map[string]string, 
 	return bins, nil
 }
 
-// BuildModule compiles the package pkg (".", or "./name") of the module in
+// BuildModule compiles the packages pkgs (import paths, or "./name") of the module in
 // rel, a folder of the repository (a module of its own, such as
 // "examples/stripe-orders"), into dir with that module's own dependencies,
-// and returns the binary's path, named after the package's folder.
-func BuildModule(ctx context.Context, dir, rel, pkg string) (string, error) {
+// in one go build, and returns each binary's path by package, named after
+// the package's folder.
+func BuildModule(ctx context.Context, dir, rel string, pkgs ...string) (map[string]string, error) {
 	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/txhook/txhook").Output()
 	if err != nil {
-		return "", fmt.Errorf("find the repository (go list -m): %w", err)
+		return nil, fmt.Errorf("find the repository (go list -m): %w", err)
 	}
 	src := filepath.Join(strings.TrimSpace(string(root)), rel)
-	bin := filepath.Join(dir, filepath.Base(filepath.Join(src, pkg)))
-	if out, err := exec.CommandContext(ctx, "go", "build", "-C", src, "-o", bin, pkg).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s in %s: %w\n%s", pkg, rel, err, out)
+	args := append([]string{"build", "-C", src, "-o", dir + string(filepath.Separator)}, pkgs...)
+	if out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), rel, err, out)
 	}
-	return bin, nil
+	bins := make(map[string]string, len(pkgs))
+	for _, p := range pkgs {
+		bins[p] = filepath.Join(dir, filepath.Base(filepath.Join(src, p)))
+	}
+	return bins, nil
 }
 
 // Env returns this process's environment without ReceiverSettings, followed
