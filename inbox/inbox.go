@@ -195,7 +195,6 @@ const StuckCheckEvery = time.Minute
 // processor's routes. It is safe for concurrent use.
 type Inbox struct {
 	proc        *txhook.Processor
-	pool        *pgxpool.Pool
 	client      *river.Client[pgx.Tx]
 	queue       string
 	maxAttempts int
@@ -227,7 +226,6 @@ func New(pool *pgxpool.Pool, proc *txhook.Processor, cfg *Config) (*Inbox, error
 	rc := riverConfig(c)
 	ib := &Inbox{
 		proc:        proc,
-		pool:        pool,
 		queue:       c.Queue,
 		maxAttempts: c.MaxAttempts,
 		schema:      rc.Schema,
