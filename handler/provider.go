@@ -147,6 +147,17 @@ func jsonFields(body []byte, names ...string) ([]string, error) {
 	return out, nil
 }
 
+// jsonField is a JSON value of a signed body kept as it is, for jsonText:
+// the bytes of the body itself, where json.RawMessage would copy them. It
+// is read before Extract returns, while the body is still the caller's.
+type jsonField []byte
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (f *jsonField) UnmarshalJSON(b []byte) error {
+	*f = b
+	return nil
+}
+
 // errNotString is jsonText's error for a value that is not a string.
 var errNotString = fmt.Errorf("%w: not a string", ErrMalformed)
 
@@ -158,7 +169,7 @@ var errNotString = fmt.Errorf("%w: not a string", ErrMalformed)
 // string is refused (ErrMalformed and txhook.ErrNotText), as a header
 // holding it is; so is any other value that is not a string
 // (errNotString).
-func jsonText(raw json.RawMessage, name string) (string, error) {
+func jsonText(raw []byte, name string) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}

@@ -91,7 +91,7 @@ func (s *StandardWebhooks) Extract(header http.Header, body []byte) (Delivery, e
 		return Delivery{}, fmt.Errorf("%w: missing webhook-id header", ErrMalformed)
 	}
 	var payload struct {
-		Type json.RawMessage `json:"type"`
+		Type jsonField `json:"type"`
 	}
 	d := Delivery{Key: id}
 	if json.Unmarshal(body, &payload) == nil {

@@ -58,8 +58,8 @@ func (s *Stripe) Verify(header http.Header, body []byte, now time.Time) error {
 // could match another event's id.
 func (s *Stripe) Extract(_ http.Header, body []byte) (Delivery, error) {
 	var ev struct {
-		ID   json.RawMessage `json:"id"`
-		Type json.RawMessage `json:"type"`
+		ID   jsonField `json:"id"`
+		Type jsonField `json:"type"`
 	}
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return Delivery{}, fmt.Errorf("%w: body is not a Stripe event", ErrMalformed)
