@@ -148,13 +148,15 @@ func recordOnly(context.Context, pgx.Tx, Event) error { return nil }
 // onLastAttempt returns how a handler's error ends a delivery that the
 // sender will not repeat: made permanent, so that the event is recorded as
 // failed, unless it is permanent already, a lost claim (the new owner
-// decides) or a fault of the database, which nothing could record.
-func onLastAttempt(last bool) func(error) error {
+// decides), a fault of the database, which nothing could record, or the
+// work cut short by ctx's cancellation (a shutdown, not the handler's
+// failure).
+func onLastAttempt(ctx context.Context, last bool) func(error) error {
 	if !last {
 		return nil
 	}
 	return func(err error) error {
-		if IsPermanent(err) || errors.Is(err, ErrLeaseLost) || databaseFault(err) {
+		if IsPermanent(err) || errors.Is(err, ErrLeaseLost) || databaseFault(err) || cancelled(ctx) {
 			return err
 		}
 		return Permanent(err)

@@ -3,8 +3,10 @@ package txhook_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -193,3 +195,37 @@ func TestRoutesRefuseMistakes(t *testing.T) {
 }
 
 func work(context.Context, txhook.Claim, txhook.Event) (txhook.TxFunc, error) { return nil, nil }
+
+// On the last attempt, a handler's error that comes with the work's context
+// cancelled (a consumer's shutdown) is not the handler's failure: nothing is
+// recorded as failed, and the error is returned, for the message to be
+// delivered again.
+func TestDeliverLastAttemptCancelledIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rs := txhook.NewRoutes()
+	rs.Transactional("s", "tx", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		<-ctx.Done()
+		return fmt.Errorf("call the shipping service: %w", ctx.Err())
+	})
+	rs.Lease("s", "lease", txhook.LeaseHandler{Work: func(ctx context.Context, _ txhook.Claim, _ txhook.Event) (txhook.TxFunc, error) {
+		<-ctx.Done()
+		return nil, fmt.Errorf("call the shipping service: %w", ctx.Err())
+	}})
+	p := b.processor(t, &txhook.Config{Routes: rs})
+	for _, typ := range []string{"tx", "lease"} {
+		t.Run(typ, func(t *testing.T) {
+			ev := txhook.Event{Source: "s", Key: "evt_cut_" + typ, Type: typ, Payload: []byte(`{}`)}
+			ctx, cancel := context.WithCancel(t.Context())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			res, err := p.Deliver(ctx, ev, &txhook.DeliverOptions{LastAttempt: true})
+			if err == nil || res.Outcome == txhook.OutcomeFailed {
+				t.Fatalf("last attempt cut short: %v, %v; want an error and nothing recorded failed", res.Outcome, err)
+			}
+			rec, err := txhook.GetEventRecord(t.Context(), b.pool, "s", ev.Key)
+			if err == nil && rec.Status == txhook.StatusFailed {
+				t.Fatalf("the cut-short attempt was recorded as a dead letter: %+v", rec)
+			}
+		})
+	}
+}

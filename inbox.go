@@ -426,13 +426,7 @@ func (p *Processor) applyQueuedLease(ctx context.Context, j QueuedJob, h LeaseHa
 	}
 	c := Claim{Source: j.Source, Key: j.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
 	ev := Event{Source: j.Source, Key: j.Key, Type: row.EventType, Payload: row.Payload, PayloadHash: row.PayloadHash}
-	lastAttempt := func(err error) error {
-		if j.LastAttempt && !IsPermanent(err) && !errors.Is(err, ErrLeaseLost) && !databaseFault(err) && !cancelled(ctx) {
-			return Permanent(err)
-		}
-		return err
-	}
-	return p.runClaim(ctx, c, ev, s, started, false, h.Work, lastAttempt)
+	return p.runClaim(ctx, c, ev, s, started, false, h.Work, onLastAttempt(ctx, j.LastAttempt))
 }
 
 // settledOrHeld answers a lease-mode job whose event could not be claimed:

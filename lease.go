@@ -186,7 +186,7 @@ func (p *Processor) processLease(ctx context.Context, ev Event, h LeaseHandler, 
 		return Result{Outcome: OutcomeDuplicate}, nil
 	}
 	c := Claim{Source: ev.Source, Key: ev.Key, Token: int(row.Attempts), claimedAt: row.ClaimedAt}
-	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, onLastAttempt(lastAttempt))
+	return p.runClaim(ctx, c, ev, s, started, replay, h.Work, onLastAttempt(ctx, lastAttempt))
 }
 
 // runClaim runs an event claimed as c: phase one (work) under the lease,

@@ -331,7 +331,7 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 		return p.recordFailed(ctx, at, ev, err)
 	}
 	if herr != nil && errors.Is(err, herr) {
-		if last := onLastAttempt(lastAttempt); last != nil && IsPermanent(last(err)) {
+		if last := onLastAttempt(ctx, lastAttempt); last != nil && IsPermanent(last(err)) {
 			return p.recordFailed(ctx, at, ev, err)
 		}
 	}
