@@ -140,7 +140,7 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 				select {
 				case <-running:
 				case <-time.After(15 * time.Second):
-					t.Fatal("the jobs did not start within 10s")
+					t.Fatal("the jobs did not start within 15s")
 				}
 			}
 			c.stop(t, s.ib, cancelStart)

@@ -265,13 +265,22 @@ func TestAMQPInboxRoutes(t *testing.T) {
 	}
 	publish := func(typ, key string) {
 		t.Helper()
-		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
-			amqp.Publishing{MessageId: key, Type: typ, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := conf.WaitContext(ctx); err != nil || !ok {
-			t.Fatalf("publish %s not confirmed: %v", key, err)
+		// A quorum queue just declared may refuse a publish while it
+		// elects its leader: publish again until confirmed, as publishers do.
+		for i := 0; ; i++ {
+			conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
+				amqp.Publishing{MessageId: key, Type: typ, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok, err := conf.WaitContext(ctx)
+			if ok {
+				return
+			}
+			if i == 20 {
+				t.Fatalf("publish %s not confirmed: %v", key, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	publish("tx", "evt_tx")
