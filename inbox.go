@@ -194,10 +194,13 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error
 		settled bool
 		res     Result
 		lease   LeaseHandler // the route's, when it is in lease mode
+		inLease bool         // applyQueuedLease runs: its claim records a panic itself
 	)
 	defer func() {
 		if v := recover(); v != nil {
-			p.queuedTryFailed(ctx, j, row.EventType, fmt.Errorf("handler panicked: %v", v))
+			if !inLease {
+				p.queuedTryFailed(ctx, j, row.EventType, fmt.Errorf("handler panicked: %v", v))
+			}
 			panic(v)
 		}
 	}()
@@ -259,6 +262,7 @@ func (p *Processor) ApplyQueued(ctx context.Context, j QueuedJob) (Result, error
 	case errors.Is(err, errRollback):
 		return res, nil
 	case errors.Is(err, errLeaseApply):
+		inLease = true
 		return p.applyQueuedLease(ctx, j, lease)
 	}
 	return p.queuedTryFailed(ctx, j, row.EventType, err)
