@@ -80,6 +80,14 @@ func main() {
 		}
 		o.only = re
 	}
+	// Each -only-X measures its rows alone: the other optional rows, and
+	// the brokers or servers they need, are left out.
+	if o.onlyInbox {
+		o.amqp, o.nats = false, false
+	}
+	if o.onlyNATS {
+		o.amqp, o.inbox = false, false
+	}
 	if *pgSettings != "" && *pgSettings != "none" {
 		o.scaleSettings = strings.Split(*pgSettings, ",")
 	}
