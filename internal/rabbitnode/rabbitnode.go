@@ -200,6 +200,29 @@ func (n *Node) CloseConnections(ctx context.Context, vhost string) error {
 	return err
 }
 
+// Queues returns the queues of virtual host vhost ("/" the default) whose
+// names begin with prefix, with the messages each holds, ready and
+// unacknowledged (a message a consumer holds counts too).
+func (n *Node) Queues(ctx context.Context, vhost, prefix string) (map[string]int, error) {
+	out, err := n.Ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "--quiet", "name", "messages")
+	if err != nil {
+		return nil, err
+	}
+	qs := map[string]int{}
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) != 2 || !strings.HasPrefix(f[0], prefix) {
+			continue
+		}
+		m, err := strconv.Atoi(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("rabbitnode: list queues: %q: %w", line, err)
+		}
+		qs[f[0]] = m
+	}
+	return qs, nil
+}
+
 func (n *Node) logTail() string {
 	b, _ := os.ReadFile(filepath.Join(n.dir, "log", n.Name+".log"))
 	if len(b) > 4000 {

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -117,29 +116,6 @@ func reachable(addr string) bool {
 	return true
 }
 
-// Queues returns the queues of the default virtual host of n whose names
-// begin with prefix, with the messages each holds (ready and
-// unacknowledged).
-func Queues(ctx context.Context, n *rabbitnode.Node, prefix string) (map[string]int, error) {
-	out, err := n.Ctl(ctx, "list_queues", "-p", "/", "--no-table-headers", "--quiet", "name", "messages")
-	if err != nil {
-		return nil, err
-	}
-	qs := map[string]int{}
-	for line := range strings.Lines(out) {
-		f := strings.Fields(line)
-		if len(f) != 2 || !strings.HasPrefix(f[0], prefix) {
-			continue
-		}
-		m, err := strconv.Atoi(f[1])
-		if err != nil {
-			return nil, fmt.Errorf("rabbittest: list queues: %q: %w", line, err)
-		}
-		qs[f[0]] = m
-	}
-	return qs, nil
-}
-
 // DeleteQueues deletes, when t ends, the queues of the test broker's
 // default virtual host whose names begin with prefix (a Name of t's), each
 // with del (an AMQP client's queue.delete: this package has no client).
@@ -149,7 +125,7 @@ func DeleteQueues(t testing.TB, prefix string, del func(queue string) error) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		qs, err := Queues(ctx, n, prefix)
+		qs, err := n.Queues(ctx, "/", prefix)
 		if err != nil {
 			t.Logf("rabbittest: delete queues: %v", err)
 			return

@@ -261,7 +261,7 @@ func crashThenRestart(t *testing.T, mode string, cp txhooktest.CrashPoint) {
 	if orders != 1 || spent != 500 {
 		t.Errorf("%d orders, %d spent; want exactly one order and 500", orders, spent)
 	}
-	qs, err := rabbittest.Queues(t.Context(), rabbittest.Node(t), queue)
+	qs, err := rabbittest.Node(t).Queues(t.Context(), "/", queue)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -266,7 +266,7 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	}
 	var left map[string]int
 	for ctx.Err() == nil {
-		left, err = amqpQueues(ctx, cfg.Node, cfg.VHost)
+		left, err = cfg.Node.Queues(ctx, cfg.VHost, ordersQueue) // orders, its retry queues and its dead-letter queue
 		if err == nil && sum(left, false) == 0 {
 			break
 		}
@@ -280,7 +280,7 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	// Stopped, the example's unacknowledged messages are back in the queues.
 	qctx, qcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer qcancel()
-	if left, err = amqpQueues(qctx, cfg.Node, cfg.VHost); err != nil {
+	if left, err = cfg.Node.Queues(qctx, cfg.VHost, ordersQueue); err != nil {
 		return res, fmt.Errorf("count the queues' messages: %w", err)
 	}
 	res.Unacked, res.DeadLettered = sum(left, false), sum(left, true)
@@ -306,24 +306,6 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
-}
-
-// amqpQueues returns the messages held by the run's queues: orders, its
-// retry queues and its dead-letter queue.
-func amqpQueues(ctx context.Context, n *rabbitnode.Node, vhost string) (map[string]int, error) {
-	out, err := n.Ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "--quiet", "name", "messages")
-	if err != nil {
-		return nil, err
-	}
-	qs := map[string]int{}
-	for line := range strings.Lines(out) {
-		var name string
-		var m int
-		if _, err := fmt.Sscanf(line, "%s %d", &name, &m); err == nil && (name == ordersQueue || strings.HasPrefix(name, ordersQueue+".")) {
-			qs[name] = m
-		}
-	}
-	return qs, nil
 }
 
 // sum adds the messages of the dead-letter queue (dead) or of the others.
