@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -478,6 +479,50 @@ func TestMessageWithoutKeyDeadLettered(t *testing.T) {
 	}
 	if n != 0 {
 		t.Fatalf("%d rows written for messages without a usable key, want none", n)
+	}
+}
+
+// A retry or dead-letter queue deleted under a running consumer loses no
+// message: the broker returns the copy sent to it (it would confirm and
+// drop it otherwise), the message is given back, and the queue is declared
+// again before the next copy.
+func TestCopyToADeletedQueueIsNotLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tries := map[string]int{}
+	var mu sync.Mutex
+	rs := txhook.NewRoutes()
+	rs.Transactional("orders", "", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		mu.Lock()
+		tries[ev.Key]++
+		n := tries[ev.Key]
+		mu.Unlock()
+		if n == 1 {
+			return errors.New("first try fails")
+		}
+		return effect(ctx, tx, ev)
+	})
+	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{})
+	// evt_20's retry and a message without a key declare the retry queue
+	// and use the dead-letter queue.
+	b.publish(t, amqp.Publishing{MessageId: "evt_20", Type: "x", Body: []byte(`{}`)})
+	b.publish(t, amqp.Publishing{Type: "x", Body: []byte(`no id`)})
+	eventually(t, "evt_20 is applied and the message without a key dead-lettered", func() bool {
+		return b.status(t, "evt_20") == "done" && b.queueDepth(t, b.queue+".dead") == 1
+	})
+	for _, q := range append([]string{b.queue + ".dead"}, amqpconsumer.RetryQueueNames(b.queue)...) {
+		if _, err := b.pub.QueueDelete(q, false, false, false); err != nil {
+			t.Fatalf("delete queue %s: %v", q, err)
+		}
+	}
+	b.publish(t, amqp.Publishing{MessageId: "evt_21", Type: "x", Body: []byte(`{}`)})
+	b.publish(t, amqp.Publishing{Type: "x", Body: []byte(`no id either`)})
+	eventually(t, "evt_21 is applied and the message without a key dead-lettered", func() bool {
+		return b.status(t, "evt_21") == "done" && b.queueDepth(t, b.queue+".dead") == 1
+	})
+	b.settled(t)
+	if n := b.effects(t, "evt_21"); n != 1 {
+		t.Fatalf("evt_21 applied %d times, want once", n)
 	}
 }
 

@@ -73,7 +73,9 @@
 // confirms) the message is acknowledged. The copy comes back to Q after the
 // wait. A consumer that dies between the two leaves both: the redelivery of
 // the one already applied is a duplicate; a copy the broker does not
-// confirm leaves the message to the broker, given back to Q at once (a
+// confirm, or returns because its queue is gone (copies are published
+// mandatory; the queue is declared again before the next one), leaves the
+// message to the broker, given back to Q after the attempt's backoff (a
 // nack, counted as a delivery by the quorum queue). A wait is rounded down to a
 // power of two (of milliseconds below a second, of seconds above), so that
 // the messages of one retry queue expire in the order they arrived (a

@@ -24,6 +24,9 @@ const (
 	headerRoutingKey = "x-txhook-routing-key"
 	// headerError says why a message was sent to the dead-letter queue.
 	headerError = "x-txhook-error"
+	// headerCopy numbers the copies a session publishes, to tell which
+	// one the broker returned.
+	headerCopy = "x-txhook-copy"
 	// headerDeliveryCount is the quorum queue's count of the deliveries of
 	// a message that ended unanswered before this one.
 	headerDeliveryCount = "x-delivery-count"
@@ -104,7 +107,11 @@ func (c *Consumer) deadLetter(ctx context.Context, s *session, d amqp.Delivery, 
 	if why != nil {
 		p.Headers[headerError] = why.Error()
 	}
-	return moveTo(ctx, s, d, c.cfg.DeadLetterQueue, p)
+	q, err := s.ensure(c.cfg.DeadLetterQueue, deadArgs)
+	if err != nil {
+		return fmt.Errorf("dead letter: %w: %w", errCopyFailed, err)
+	}
+	return moveTo(ctx, s, d, q, p)
 }
 
 // errCopyFailed marks an error of a copy of a message that could not be
@@ -149,7 +156,7 @@ func (c *Consumer) giveBack(d amqp.Delivery, err error, wait time.Duration) erro
 func copyOf(d amqp.Delivery) amqp.Publishing {
 	h := make(amqp.Table, len(d.Headers)+2)
 	for k, v := range d.Headers {
-		if k != headerDeliveryCount && k != headerDeath {
+		if k != headerDeliveryCount && k != headerDeath && k != headerCopy {
 			h[k] = v
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -26,7 +27,15 @@ type session struct {
 
 	mu       sync.Mutex // guards decl and declared
 	decl     *amqp.Channel
-	declared map[string]bool // retry queues declared on this connection
+	declared map[string]bool // retry and dead-letter queues declared on this connection
+
+	// Copies are published mandatory: one that reaches no queue (a retry
+	// or dead-letter queue deleted under the consumer) comes back on
+	// returns before its confirmation, marked with its number.
+	copies   atomic.Int64       // the last copy number given
+	returns  <-chan amqp.Return // the broker's returns of unroutable copies
+	retMu    sync.Mutex         // guards returned
+	returned map[int64]bool     // copies returned, read from returns, not yet seen by their publisher
 }
 
 // connect dials the broker, declares the queues and starts consuming.
@@ -43,7 +52,7 @@ func (c *Consumer) connect(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial broker: %w", err)
 	}
-	s := &session{c: c, conn: conn, closed: make(chan error, 2), declared: map[string]bool{}}
+	s := &session{c: c, conn: conn, closed: make(chan error, 2), declared: map[string]bool{}, returned: map[int64]bool{}}
 	if err := s.open(); err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -69,6 +78,10 @@ func (s *session) open() error {
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
+	// A return is handed over before its copy's confirmation, by the
+	// goroutine reading the connection: the buffer holds one for each copy
+	// in flight (at most one per message held), so that it never waits.
+	s.returns = ch.NotifyReturn(make(chan amqp.Return, c.cfg.Prefetch+1))
 	s.deliveries, err = ch.Consume(c.cfg.Queue, c.tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
@@ -150,11 +163,14 @@ const codePreconditionFailed = 406
 // exists with other arguments is used as it is, with a warning.
 func (s *session) declareMain() error {
 	c := s.c
-	if err := s.declare(c.cfg.DeadLetterQueue, amqp.Table{argQueueType: "quorum"}, false); err != nil {
+	if _, err := s.ensure(c.cfg.DeadLetterQueue, deadArgs); err != nil {
 		return err
 	}
 	return s.declare(c.cfg.Queue, c.mainArgs(), true)
 }
+
+// deadArgs are the dead-letter queue's arguments.
+var deadArgs = amqp.Table{argQueueType: "quorum"}
 
 // declare declares the durable queue name with args on the session's
 // declaring channel. When the queue exists with other arguments and
@@ -204,14 +220,19 @@ func (s *session) declChannel() (*amqp.Channel, error) {
 // retryQueue declares, once per connection, the retry queue for wait and
 // returns its name.
 func (s *session) retryQueue(wait time.Duration) (string, error) {
-	name := s.c.cfg.Queue + ".retry." + waitName(wait)
+	return s.ensure(s.c.cfg.Queue+".retry."+waitName(wait), s.c.retryArgs(wait))
+}
+
+// ensure declares the queue name with args unless it was declared on this
+// connection since a copy sent to it last came back, and returns name.
+func (s *session) ensure(name string, args amqp.Table) (string, error) {
 	s.mu.Lock()
 	done := s.declared[name]
 	s.mu.Unlock()
 	if done {
 		return name, nil
 	}
-	if err := s.declare(name, s.c.retryArgs(wait), false); err != nil {
+	if err := s.declare(name, args, false); err != nil {
 		return "", err
 	}
 	s.mu.Lock()
@@ -247,12 +268,16 @@ func waitName(wait time.Duration) string {
 }
 
 // publish publishes p to queue through the default exchange on the
-// consuming channel and waits for the broker's confirmation: only then is
-// the copy the broker's to keep.
+// consuming channel, mandatory, and waits for the broker's confirmation:
+// only then, unless the broker returned it, is the copy the broker's to
+// keep. A copy returned (its queue is gone) is an error, and the queue is
+// declared again before the next copy sent to it.
 func (s *session) publish(ctx context.Context, queue string, p amqp.Publishing) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, p)
+	n := s.copies.Add(1)
+	p.Headers[headerCopy] = n
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, p)
 	if err != nil {
 		return fmt.Errorf("publish to %q: %w", queue, err)
 	}
@@ -262,6 +287,33 @@ func (s *session) publish(ctx context.Context, queue string, p amqp.Publishing) 
 		return fmt.Errorf("publish to %q: wait for the confirmation: %w", queue, err)
 	case !ok:
 		return fmt.Errorf("publish to %q: refused by the broker (or the channel closed)", queue)
+	case s.wasReturned(n):
+		s.mu.Lock()
+		delete(s.declared, queue)
+		s.mu.Unlock()
+		return fmt.Errorf("publish to %q: returned by the broker: no such queue (deleted while the consumer ran?); it is declared again", queue)
 	}
 	return nil
+}
+
+// wasReturned reports whether the broker returned copy n, once its
+// confirmation arrived (a return comes before its confirmation).
+func (s *session) wasReturned(n int64) bool {
+	s.retMu.Lock()
+	defer s.retMu.Unlock()
+	for drained := false; !drained; {
+		select {
+		case r := <-s.returns:
+			if m, ok := r.Headers[headerCopy].(int64); ok {
+				s.returned[m] = true
+			}
+		default:
+			drained = true
+		}
+	}
+	if !s.returned[n] {
+		return false
+	}
+	delete(s.returned, n)
+	return true
 }
