@@ -30,12 +30,14 @@ const (
 //   - the share of recent deliveries that the database answered as
 //     duplicates decides whether to read first. A delivery normally costs its
 //     transaction's round trips: BEGIN with the dedupe step, the handler's
-//     statements, COMMIT; a duplicate, BEGIN with the dedupe step and
-//     ROLLBACK. Reading the key's status first answers a duplicate in one
-//     round trip at the price of one more for each new event: per delivery
-//     5 - 4f round trips against 4 - 2f without the read, for a share f of
-//     duplicates. The read pays when f is over one half. Deliveries the
-//     memory answers reach no database and are not counted.
+//     statements, COMMIT; a duplicate, BEGIN with the dedupe step, ROLLBACK
+//     and the read of a claim holding its key. Reading the key's status
+//     first answers a duplicate in one round trip at the price of one more
+//     for each new event: per delivery 5 - 4f round trips against 4 - f
+//     without the read, for a share f of duplicates. The read pays when f is
+//     over a third; it starts over one half, where it pays whatever the
+//     handler's own round trips. Deliveries the memory answers reach no
+//     database and are not counted.
 //
 // The read goes through the engine (engine.Exec) on read, the Processor's
 // database; a nil read turns it off (a Beginner that only begins

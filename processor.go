@@ -168,8 +168,9 @@ type Config struct {
 // together; then come the handler's statements; the handler's deferred
 // writes (Deferred) travel with its next statement or with COMMIT. A new
 // event whose handler makes one write costs three round trips, two with
-// Config.DedupeWithFirstStatement; a duplicate two (the dedupe step and
-// ROLLBACK). ProcessTx does the same under a savepoint of the caller's
+// Config.DedupeWithFirstStatement; a duplicate three (the dedupe step,
+// ROLLBACK, and the read of a lease-mode claim that would make it in
+// flight). ProcessTx does the same under a savepoint of the caller's
 // transaction; any other Beginner adds its own BEGIN. While more than half
 // of the recent deliveries were duplicates, as in a provider's redelivery
 // storm, Process first reads the key's status outside any transaction: a
@@ -301,11 +302,12 @@ func (p *Processor) check(ev Event, h HandlerFunc) error {
 // error is recorded as failed as a permanent one is.
 func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h HandlerFunc, lastAttempt bool) (Result, error) {
 	var notNew Result // the dedupe step's answer for a key that is not new
+	var recorded bool // the dedupe step found the key recorded
 	var herr error    // h's error, wrapped, in the last attempt
 	spec := engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			var err error
-			notNew, err = p.dedupe(ctx, q, ev)
+			notNew, recorded, err = p.dedupe(ctx, q, ev)
 			return err
 		},
 		WithFirstStatement: p.dedupeWithFirst,
@@ -325,6 +327,8 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 			p.crash.At(crash.AfterCommit)
 		}
 		return Result{Outcome: OutcomeProcessed}, nil
+	case errors.Is(err, errRollback) && recorded:
+		return p.recordedKey(ctx, at, ev)
 	case errors.Is(err, errRollback):
 		return notNew, nil
 	case IsPermanent(err):
@@ -339,29 +343,50 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 }
 
 // dedupe is the dedupe step: it records ev's key in the transaction q runs
-// in. A nil error means the key is new and the transaction owns it; a
-// duplicate or in-flight key returns its result with errRollback.
-func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (Result, error) {
-	row, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
+// in, under the engine's lock_timeout bound. A nil error means the key is
+// new and the transaction owns it. Otherwise the run stops with
+// errRollback: for a key found recorded (recorded; recordedKey then
+// answers), or held by a delivery still running (in flight).
+func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (notNew Result, recorded bool, err error) {
+	n, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
 		Source:      ev.Source,
 		EventKey:    ev.Key,
 		EventType:   ev.Type,
 		Payload:     p.payload(ev),
 		PayloadHash: ev.PayloadHash,
-		LockTimeout: p.lockTimeout,
+	})
+	switch {
+	case isLockTimeout(err):
+		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, false, errRollback
+	case err != nil:
+		return Result{}, false, fmt.Errorf("insert event key: %w", err)
+	case n == 0:
+		return Result{}, true, errRollback
+	}
+	p.crash.At(crash.AfterInsert)
+	return Result{}, false, nil
+}
+
+// recordedKey answers a delivery whose key the dedupe step found recorded,
+// once its transaction rolled back: in flight while a lease-mode claim
+// holds the key, a duplicate otherwise (done, failed, queued). The claim is
+// read in a statement of its own, at the run's target: the insert's
+// snapshot, taken before it waited for a concurrent delivery of the key,
+// cannot see the row that delivery committed.
+func (p *Processor) recordedKey(ctx context.Context, at engine.Target, ev Event) (Result, error) {
+	var lease pgtype.Timestamptz
+	err := engine.Statement(ctx, at, p.run, func(ctx context.Context, q engine.Querier) error {
+		var err error
+		lease, err = db.New(q).InFlightLease(ctx, db.InFlightLeaseParams{Source: ev.Source, EventKey: ev.Key})
+		return err
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return Result{Outcome: OutcomeDuplicate}, errRollback
-	case isLockTimeout(err):
-		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, errRollback
+		return Result{Outcome: OutcomeDuplicate}, nil
 	case err != nil:
-		return Result{}, fmt.Errorf("insert event key: %w", err)
-	case row.Status != statusDone:
-		return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(row.LeaseExpiresAt)}, errRollback
+		return Result{}, fmt.Errorf("read the recorded key's claim: %w", err)
 	}
-	p.crash.At(crash.AfterInsert)
-	return Result{}, nil
+	return Result{Outcome: OutcomeInFlight, RetryAfter: untilLeaseEnds(lease)}, nil
 }
 
 // handled turns the handler's return for a new key into the attempt's

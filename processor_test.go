@@ -567,3 +567,59 @@ func TestNewProcessorValidatesConfig(t *testing.T) {
 		t.Error("negative lock timeout accepted")
 	}
 }
+
+// A delivery whose dedupe step waits on a lease-mode claim of its key,
+// which then commits, answers in flight, not duplicate: the claim is read
+// after the wait, in a snapshot that sees it (the insert's own snapshot,
+// taken before it waited, cannot). Through Process and through ProcessTx.
+func TestDedupeWaitingOnALeaseClaimAnswersInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.processor(t, nil)
+	ctx := t.Context()
+	for _, inTx := range []bool{false, true} {
+		key := fmt.Sprintf("evt_claimed_in_tx_%v", inTx)
+		claim, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The row a lease-mode claim records, not committed yet.
+		if _, err := claim.Exec(ctx, `INSERT INTO txhook_processed_events (source, event_key, event_type, status, lease_expires_at)
+			VALUES ('test', $1, 'thing.happened', 'in_progress', now() + interval '1 minute')`, key); err != nil {
+			t.Fatal(err)
+		}
+		type answer struct {
+			res txhook.Result
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			if !inTx {
+				res, err := p.Process(ctx, event(key), insertEffect)
+				done <- answer{res, err}
+				return
+			}
+			var res txhook.Result
+			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				res, err = p.ProcessTx(ctx, tx, event(key), insertEffect)
+				return err
+			})
+			done <- answer{res, err}
+		}()
+		waitForLockWaiter(t, b.pool)
+		if err := claim.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a := <-done
+		if a.err != nil {
+			t.Fatalf("in a transaction %v: %v", inTx, a.err)
+		}
+		if a.res.Outcome != txhook.OutcomeInFlight || a.res.RetryAfter < 30*time.Second {
+			t.Errorf("in a transaction %v: %v after %v, want in flight until the claim's lease ends, in about a minute", inTx, a.res.Outcome, a.res.RetryAfter)
+		}
+		if n := b.effects(t, key); n != 0 {
+			t.Errorf("in a transaction %v: %d effects, want none", inTx, n)
+		}
+	}
+}

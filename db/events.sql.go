@@ -61,16 +61,32 @@ func (q *Queries) GetEvent(ctx context.Context, arg GetEventParams) (TxhookProce
 	return i, err
 }
 
-const insertEvent = `-- name: InsertEvent :one
-SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
-FROM txhook_insert_event(
-    $1::text,
-    $2::text,
-    $3::text,
-    $4::bytea,
-    $5::bytea,
-    $6::text
-)
+const inFlightLease = `-- name: InFlightLease :one
+SELECT lease_expires_at FROM txhook_processed_events
+WHERE source = $1 AND event_key = $2 AND status = 'in_progress'
+`
+
+type InFlightLeaseParams struct {
+	Source   string
+	EventKey string
+}
+
+// The lease of a lease-mode claim holding the key, read after the dedupe step found the key
+// recorded, in a statement of its own: a statement's snapshot is taken before it waits, so the
+// insert could not see the row it waited for. No row: the key is done, failed or queued (or
+// deleted since), a duplicate.
+func (q *Queries) InFlightLease(ctx context.Context, arg InFlightLeaseParams) (pgtype.Timestamptz, error) {
+	row := q.db.QueryRow(ctx, inFlightLease, arg.Source, arg.EventKey)
+	var lease_expires_at pgtype.Timestamptz
+	err := row.Scan(&lease_expires_at)
+	return lease_expires_at, err
+}
+
+const insertEvent = `-- name: InsertEvent :execrows
+INSERT INTO txhook_processed_events AS e
+    (source, event_key, event_type, status, completed_at, payload, payload_hash)
+VALUES ($1, $2, $3, 'done', now(), $4, $5)
+ON CONFLICT (source, event_key) DO NOTHING
 `
 
 type InsertEventParams struct {
@@ -79,27 +95,25 @@ type InsertEventParams struct {
 	EventType   string
 	Payload     []byte
 	PayloadHash []byte
-	LockTimeout string
 }
 
-type InsertEventRow struct {
-	Status         string
-	LeaseExpiresAt pgtype.Timestamptz
-}
-
-// The transactional mode's dedupe step; see txhook_insert_event in migrations.
-func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (InsertEventRow, error) {
-	row := q.db.QueryRow(ctx, insertEvent,
+// The transactional mode's dedupe step: one row inserted, the key is new and this transaction owns
+// it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A concurrent
+// delivery of the key that has not committed makes it wait: the engine sends it under the
+// lock_timeout bound (a wait past it raises SQLSTATE 55P03, lock_not_available: in flight). A
+// recorded key takes no row lock and writes nothing.
+func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (int64, error) {
+	result, err := q.db.Exec(ctx, insertEvent,
 		arg.Source,
 		arg.EventKey,
 		arg.EventType,
 		arg.Payload,
 		arg.PayloadHash,
-		arg.LockTimeout,
 	)
-	var i InsertEventRow
-	err := row.Scan(&i.Status, &i.LeaseExpiresAt)
-	return i, err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const insertFailedEvent = `-- name: InsertFailedEvent :execrows

@@ -1,14 +1,21 @@
--- name: InsertEvent :one
--- The transactional mode's dedupe step; see txhook_insert_event in migrations.
-SELECT status::text AS status, lease_expires_at::timestamptz AS lease_expires_at
-FROM txhook_insert_event(
-    sqlc.arg(source)::text,
-    sqlc.arg(event_key)::text,
-    sqlc.arg(event_type)::text,
-    sqlc.narg(payload)::bytea,
-    sqlc.narg(payload_hash)::bytea,
-    sqlc.arg(lock_timeout)::text
-);
+-- name: InsertEvent :execrows
+-- The transactional mode's dedupe step: one row inserted, the key is new and this transaction owns
+-- it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A concurrent
+-- delivery of the key that has not committed makes it wait: the engine sends it under the
+-- lock_timeout bound (a wait past it raises SQLSTATE 55P03, lock_not_available: in flight). A
+-- recorded key takes no row lock and writes nothing.
+INSERT INTO txhook_processed_events AS e
+    (source, event_key, event_type, status, completed_at, payload, payload_hash)
+VALUES (@source, @event_key, @event_type, 'done', now(), sqlc.narg(payload), sqlc.narg(payload_hash))
+ON CONFLICT (source, event_key) DO NOTHING;
+
+-- name: InFlightLease :one
+-- The lease of a lease-mode claim holding the key, read after the dedupe step found the key
+-- recorded, in a statement of its own: a statement's snapshot is taken before it waits, so the
+-- insert could not see the row it waited for. No row: the key is done, failed or queued (or
+-- deleted since), a duplicate.
+SELECT lease_expires_at FROM txhook_processed_events
+WHERE source = @source AND event_key = @event_key AND status = 'in_progress';
 
 -- name: EventStatus :one
 -- The key's status, read outside any transaction by the duplicate filter while most deliveries are

@@ -7,16 +7,18 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The first step's lock_timeout bound. Under Spec.WithFirstStatement the
-// body's statements sent with the first step run before its answer is
-// known, and for a key that is not new they must not wait long on a lock
-// the first delivery holds: they are sent under Spec.LockTimeout, set
-// before them in the first batch and restored after them.
+// The first step's lock_timeout bound. The first step's statement must not
+// wait long on a lock a concurrent run holds (the dedupe step's insert
+// waits for the commit of another delivery of its key), and under
+// Spec.WithFirstStatement neither must the body's statements sent with it,
+// which run before its answer is known (for a key that is not new, on a
+// lock the first delivery holds): they are sent under Spec.LockTimeout,
+// set before them in the first batch and restored after them.
 
 const (
 	// boundSQL saves the session's lock_timeout, sets the first step's
-	// bound, for the body's statements sent before the first step answered,
-	// and saves the bound as the server spells it (2000ms is 2s).
+	// bound, for its statement and the body's sent with it, and saves the
+	// bound as the server spells it (2000ms is 2s).
 	boundSQL = "-- name: LockTimeoutBound\nselect set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('txhook.lock_timeout_bound', set_config('lock_timeout', $1, true), true)"
 	// unboundSQL restores the saved lock_timeout for the body's later
 	// statements, when the bound is still in force: a body statement sent

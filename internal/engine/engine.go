@@ -76,6 +76,16 @@ func Savepoint(tx pgx.Tx) Target { return Target{parent: tx} }
 // Nested reports whether t is a savepoint in the caller's transaction.
 func (t Target) Nested() bool { return t.parent != nil }
 
+// Statement runs fn, which sends one statement through q, at t but outside
+// a run: on a database outside any transaction (Autocommit, with o), in a
+// savepoint's target in the caller's transaction itself.
+func Statement(ctx context.Context, t Target, o Options, fn func(ctx context.Context, q Querier) error) error {
+	if t.Nested() {
+		return Exec(ctx, t.parent, fn)
+	}
+	return Autocommit(ctx, t.db, o, fn)
+}
+
 // Options configures runs. Callers apply their defaults; zero values are
 // used as they are.
 type Options struct {
@@ -109,8 +119,10 @@ type Spec struct {
 	// bound, the attempt runs again with First on its own; a statement that
 	// refused to wait (NOWAIT) fails the run as it is.
 	WithFirstStatement bool
-	// LockTimeout is the lock_timeout (PostgreSQL's syntax, "2000ms") of
-	// Body's statements sent with First under WithFirstStatement.
+	// LockTimeout, if set, is the lock_timeout (PostgreSQL's syntax,
+	// "2000ms") of First's statement and of Body's statements sent with it
+	// under WithFirstStatement: set before them in the first batch, and the
+	// session's own setting restored after them.
 	LockTimeout string
 	// Body is the application's work, run in the transaction. Its error
 	// rolls back the run and is returned by Run.

@@ -15,7 +15,7 @@ import (
 type firstStep struct {
 	fn            func(ctx context.Context, q Querier) error // nil once sent, or when there is none
 	withStatement bool                                       // sent with the body's first statement
-	bound         string                                     // the lock_timeout of body statements sent with it
+	bound         string                                     // the lock_timeout of its statement and of body statements sent with it
 	// hit reports that the first step found its key new but a body
 	// statement sent with it waited on a lock past the bound (see
 	// boundCut).
@@ -54,7 +54,7 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 // there is a first step. It returns the failure to begin, and leaves each
 // statement's result in it.
 func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
-	bounded := first != nil && len(extra) > 0 && t.first.bound != ""
+	bounded := first != nil && t.first.bound != ""
 	br, closed, err := t.sendBegin(ctx, func(b *pgx.Batch) {
 		if bounded {
 			b.Queue(boundSQL, t.first.bound)

@@ -30,12 +30,12 @@ func TestFirstStepSharesRoundTripWithBegin(t *testing.T) {
 		sent [][]string
 	}{
 		{"new", processed, [][]string{
-			{"begin", "InsertEvent"},
+			{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"},
 			{"insert into effects (event_key) values ($1)"},
 			{"commit"},
 		}},
 		{"duplicate", duplicate, [][]string{
-			{"begin", "InsertEvent"},
+			{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"},
 			{"rollback"},
 		}},
 	}
@@ -143,9 +143,9 @@ func TestWithFirstStatementBodyWithoutStatements(t *testing.T) {
 	tr.Take()
 
 	d.must(t, pool, "evt_nothing", nothing, processed)
-	wantTrips(t, tr, "no statements", [][]string{{"begin", "InsertEvent"}, {"commit"}})
+	wantTrips(t, tr, "no statements", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"commit"}})
 	d.must(t, pool, "evt_nothing", nothing, duplicate)
-	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "InsertEvent"}, {"rollback"}})
+	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}})
 
 	// An error: nothing committed for a new key; a duplicate stays a
 	// duplicate.
@@ -232,7 +232,7 @@ func TestWithFirstStatementOtherFirstCalls(t *testing.T) {
 		rows.Close()
 		return insertEffect("evt_eager_query")(ctx, tx)
 	}, processed)
-	wantTrips(t, tr, "Query first", [][]string{{"begin", "InsertEvent"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
+	wantTrips(t, tr, "Query first", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
 
 	pool2, tr2 := e.traced(t)
 	d.must(t, testdb.OnlyBegins{Pool: pool2}, "evt_eager_wrapped", insertEffect("evt_eager_wrapped"), processed)

@@ -274,7 +274,7 @@ func TestDeferredOutsideWhileSavepointOpen(t *testing.T) {
 				}
 			}
 			wantTrips(t, tr, name+", nested run sending "+c.last, [][]string{
-				{"begin", "InsertEvent"}, {"savepoint txhook_1"}, {nestedSQL}, {c.last}, {c.end}, {outerSQL, "commit"},
+				{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"savepoint txhook_1"}, {nestedSQL}, {c.last}, {c.end}, {outerSQL, "commit"},
 			})
 		}
 	}

@@ -83,7 +83,7 @@ func (tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)  
 
 func (tr tracer) note(sql string) {
 	switch s := strings.ToLower(strings.TrimSpace(sql)); {
-	case strings.Contains(s, "txhook_insert_event"):
+	case strings.HasPrefix(s, "-- name: insertevent "):
 		tr.s.take("dedupe step")
 	case s == "commit":
 		tr.s.take("COMMIT")
