@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -96,9 +97,12 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
+			if err := deferred.BoundAcceptLockTimeout(ctx, p.lockTimeout); err != nil {
+				return err
+			}
 			return deferred.QueueEventWithJob(ctx, db.QueueEventWithJobParams{
 				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type, Payload: ev.Payload,
-				PayloadHash: ev.PayloadHash, JobID: id, LockTimeout: p.lockTimeout,
+				PayloadHash: ev.PayloadHash, JobID: id,
 			})
 		},
 	})
@@ -109,7 +113,7 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 		// The key's check, sent with BEGIN, or the row's insert, sent with
 		// COMMIT, answered: nothing committed.
 		switch pgErr, _ := errors.AsType[*pgconn.PgError](de); {
-		case pgErr != nil && pgErr.Code == sqlstateKeyExists:
+		case pgErr != nil && (pgErr.Code == sqlstateKeyExists || isEventsKeyConflict(pgErr)):
 			return Result{Outcome: OutcomeDuplicate}, nil
 		case isLockTimeout(de):
 			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
@@ -118,9 +122,19 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 	return Result{}, err
 }
 
-// sqlstateKeyExists is the SQLSTATE with which txhook_queue_event_with_job
-// answers a key that is already recorded.
+// sqlstateKeyExists is the SQLSTATE with which CheckKeyNotRecorded
+// (txhook_raise_key_recorded) answers a key that is already recorded.
 const sqlstateKeyExists = "P0T01"
+
+// eventsKey is the events table's primary key, (source, event_key).
+const eventsKey = "txhook_processed_events_pkey"
+
+// isEventsKeyConflict reports whether pgErr is an insert's conflict on the
+// events table's key: the key is recorded. A unique violation of any other
+// index (the application's, the queue's) is not.
+func isEventsKeyConflict(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == pgerrcode.UniqueViolation && pgErr.ConstraintName == eventsKey
+}
 
 // QueuedJob is the queue job that applies one accepted event.
 type QueuedJob struct {

@@ -190,7 +190,7 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 		want txhook.Outcome
 		sent [][]string
 	}{
-		{"new", txhook.OutcomeQueued, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"QueueEventWithJob", "commit"}}},
+		{"new", txhook.OutcomeQueued, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"BoundAcceptLockTimeout", "QueueEventWithJob", "commit"}}},
 		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"rollback"}}},
 	} {
 		res, err := accept(t, p, event("a-1"), nil)
@@ -310,6 +310,43 @@ func TestAcceptInFlightWhileAnotherHoldsTheKey(t *testing.T) {
 	}
 	if n := b.keys(t); n != 0 {
 		t.Fatalf("%d rows after the caller rolled back, want 0", n)
+	}
+}
+
+// A concurrent delivery of the key that commits while the accept's insert
+// waits for it makes the accept a duplicate: its job rolls back with it.
+func TestAcceptDuplicateOfAConcurrentDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.inbox(t, nil, insertEffect, &jobQueue{})
+	tx, err := b.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `INSERT INTO txhook_processed_events (source, event_key, status)
+		VALUES ('test', 'a-1', 'queued')`); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		res txhook.Result
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := accept(t, p, event("a-1"), nil)
+		done <- answer{res, err}
+	}()
+	waitForLockWaiter(t, b.pool)
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.err != nil || a.res.Outcome != txhook.OutcomeDuplicate {
+		t.Fatalf("Accept after the concurrent delivery committed = %+v, %v; want duplicate", a.res, a.err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM jobs`); n != 0 {
+		t.Fatalf("%d jobs, want none: the duplicate's job rolls back", n)
 	}
 }
 

@@ -8,3 +8,9 @@
 -- migration drops it.
 COMMENT ON FUNCTION txhook_insert_event(text, text, text, bytea, bytea, text) IS
     'txhook''s dedupe step before migration 15; unused since, kept for processes of earlier versions during an upgrade';
+
+-- Inbox mode's accept sends its row's insert the same way: a plain INSERT after a set_config of the
+-- bound, with COMMIT (a recorded key fails it with a unique violation of the primary key). The
+-- function it called, txhook_queue_event_with_job, stays for the same reason.
+COMMENT ON FUNCTION txhook_queue_event_with_job(text, text, text, bytea, bytea, bigint, text) IS
+    'txhook''s inbox accept step before migration 15; unused since, kept for processes of earlier versions during an upgrade';
