@@ -117,8 +117,9 @@ const (
 	DefaultFetchCooldown = 5 * time.Millisecond
 	// DefaultFetchPollInterval is River's FetchPollInterval unless
 	// Config.River sets one: how often an idle queue is asked for jobs
-	// whose insert sent no notification. River's own is 1 s.
-	DefaultFetchPollInterval = 50 * time.Millisecond
+	// whose insert sent no notification, the longest such a job waits.
+	// River's own is 1 s.
+	DefaultFetchPollInterval = 25 * time.Millisecond
 )
 
 // Args are the arguments of the River job applying one event: only its
