@@ -480,8 +480,8 @@ func (r *report) explain(p func(string, ...any)) {
 		p("  costs the HTTP exchange, the signature check and the log line, no round trip; the storm runs at %.2f× the", d)
 		p("  new-event rate (library: %.2f×). Without the memory (another process's keys, or after a restart) a", r.ratio(scenLibraryDup, scenLibrary, c))
 		p("  duplicate in a storm costs one read outside any transaction (library: %.2f× the new-event rate), and a", r.ratio(scenLibraryDupDB, scenLibrary, c))
-		p("  duplicate among new events two round trips (BEGIN, the dedupe step and the handler's first statement, then")
-		p("  ROLLBACK).")
+		p("  duplicate among new events three round trips (BEGIN, the dedupe step and the handler's first statement;")
+		p("  ROLLBACK; the read of a lease-mode claim holding the key).")
 		if r.dupProfile.text != "" {
 			a := r.dupProfile.areas
 			p("  In the example's CPU profile on that path: net/http %.1f%%, pgx %.1f%%, log/slog %.1f%%, encoding/json %.1f%%,",
