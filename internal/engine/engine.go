@@ -29,8 +29,9 @@
 // on any other Beginner (beginner.go), savepointTx in the caller's
 // transaction (savepoint.go), which also routes a savepoint's statements
 // past what the transaction around it deferred. The first step rides in the
-// first batch (first.go), under a lock_timeout bound when the body's first
-// statement rides with it (bound.go); deferred statements wait in the Tx's
+// first batch (first.go), under a lock_timeout bound (Spec.LockTimeout), as
+// do the body's statements that ride with it (bound.go); deferred
+// statements wait in the Tx's
 // queue (deferred.go). What the errors mean, and which are retried, is
 // errors.go and classify.go; statements outside any transaction are
 // autocommit.go.
