@@ -31,10 +31,9 @@
 // past what the transaction around it deferred. The first step rides in the
 // first batch (first.go), under a lock_timeout bound (Spec.LockTimeout), as
 // do the body's statements that ride with it (bound.go); deferred
-// statements wait in the Tx's
-// queue (deferred.go). What the errors mean, and which are retried, is
-// errors.go and classify.go; statements outside any transaction are
-// autocommit.go.
+// statements wait in the Tx's queue (deferred.go). What the errors mean,
+// and which are retried, is errors.go and classify.go; statements outside
+// any transaction are autocommit.go.
 package engine
 
 import (
