@@ -14,15 +14,7 @@ import (
 // within limit.
 func processWithin(t *testing.T, limit time.Duration, p *txhook.Processor, ev txhook.Event, h txhook.HandlerFunc) txhook.Result {
 	t.Helper()
-	type answer struct {
-		res txhook.Result
-		err error
-	}
-	ch := make(chan answer, 1)
-	go func() {
-		res, err := p.Process(context.Background(), ev, h)
-		ch <- answer{res, err}
-	}()
+	ch := inBackground(func() (txhook.Result, error) { return p.Process(context.Background(), ev, h) })
 	select {
 	case a := <-ch:
 		if a.err != nil {

@@ -97,6 +97,39 @@ func (h *heldKey) finish(t *testing.T) error {
 	}
 }
 
+// answer is a delivery's result, sent by the goroutine that ran it.
+type answer struct {
+	res txhook.Result
+	err error
+}
+
+// inBackground runs deliver in a goroutine of its own; its answer arrives
+// on the channel returned.
+func inBackground(deliver func() (txhook.Result, error)) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		res, err := deliver()
+		ch <- answer{res, err}
+	}()
+	return ch
+}
+
+// holdRow inserts a row with insertSQL (and args) in a transaction it
+// leaves open, as a concurrent delivery holds a key it has not committed;
+// the transaction is rolled back when t ends unless the test ends it first.
+func holdRow(t *testing.T, pool *pgxpool.Pool, insertSQL string, args ...any) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(t.Context(), insertSQL, args...); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // waitForLockWaiter waits until a session of pool's database waits on a
 // lock: a delivery queued behind a held key.
 func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool) {

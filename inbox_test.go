@@ -292,15 +292,7 @@ func TestAcceptInFlightWhileAnotherHoldsTheKey(t *testing.T) {
 	b := setup(t)
 	p := b.inbox(t, &txhook.Config{LockTimeout: 100 * time.Millisecond}, insertEffect, &jobQueue{})
 	// Another delivery holds the key: its row is inserted, not committed.
-	tx, err := b.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), `INSERT INTO txhook_processed_events (source, event_key, status)
-		VALUES ('test', 'a-1', 'queued')`); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdRow(t, b.pool, `INSERT INTO txhook_processed_events (source, event_key, status) VALUES ('test', 'a-1', 'queued')`)
 	res, err := accept(t, p, event("a-1"), nil)
 	if err != nil || res.Outcome != txhook.OutcomeInFlight || res.RetryAfter <= 0 {
 		t.Fatalf("concurrent Accept = %+v, %v; want in flight with a retry hint", res, err)
@@ -319,24 +311,8 @@ func TestAcceptDuplicateOfAConcurrentDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := b.inbox(t, nil, insertEffect, &jobQueue{})
-	tx, err := b.pool.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), `INSERT INTO txhook_processed_events (source, event_key, status)
-		VALUES ('test', 'a-1', 'queued')`); err != nil {
-		t.Fatal(err)
-	}
-	type answer struct {
-		res txhook.Result
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		res, err := accept(t, p, event("a-1"), nil)
-		done <- answer{res, err}
-	}()
+	tx := holdRow(t, b.pool, `INSERT INTO txhook_processed_events (source, event_key, status) VALUES ('test', 'a-1', 'queued')`)
+	done := inBackground(func() (txhook.Result, error) { return accept(t, p, event("a-1"), nil) })
 	waitForLockWaiter(t, b.pool)
 	if err := tx.Commit(t.Context()); err != nil {
 		t.Fatal(err)

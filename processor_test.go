@@ -400,15 +400,7 @@ func TestWaiterProcessesWhenFirstDeliveryRollsBack(t *testing.T) {
 	ev := event("evt_rollback")
 	first := holdKey(t, p, ev, true)
 
-	type answer struct {
-		res txhook.Result
-		err error
-	}
-	second := make(chan answer, 1)
-	go func() {
-		res, err := p.Process(boundedCtx(t), ev, insertEffect)
-		second <- answer{res, err}
-	}()
+	second := inBackground(func() (txhook.Result, error) { return p.Process(boundedCtx(t), ev, insertEffect) })
 	waitForLockWaiter(t, b.pool) // the second delivery queues on the key
 	if err := first.finish(t); err == nil {
 		t.Fatal("first delivery should have failed")
@@ -579,34 +571,20 @@ func TestDedupeWaitingOnALeaseClaimAnswersInFlight(t *testing.T) {
 	ctx := t.Context()
 	for _, inTx := range []bool{false, true} {
 		key := fmt.Sprintf("evt_claimed_in_tx_%v", inTx)
-		claim, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// The row a lease-mode claim records, not committed yet.
-		if _, err := claim.Exec(ctx, `INSERT INTO txhook_processed_events (source, event_key, event_type, status, lease_expires_at)
-			VALUES ('test', $1, 'thing.happened', 'in_progress', now() + interval '1 minute')`, key); err != nil {
-			t.Fatal(err)
-		}
-		type answer struct {
-			res txhook.Result
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
+		claim := holdRow(t, b.pool, `INSERT INTO txhook_processed_events (source, event_key, event_type, status, lease_expires_at)
+			VALUES ('test', $1, 'thing.happened', 'in_progress', now() + interval '1 minute')`, key)
+		done := inBackground(func() (res txhook.Result, err error) {
 			if !inTx {
-				res, err := p.Process(ctx, event(key), insertEffect)
-				done <- answer{res, err}
-				return
+				return p.Process(ctx, event(key), insertEffect)
 			}
-			var res txhook.Result
-			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 				var err error
 				res, err = p.ProcessTx(ctx, tx, event(key), insertEffect)
 				return err
 			})
-			done <- answer{res, err}
-		}()
+			return res, err
+		})
 		waitForLockWaiter(t, b.pool)
 		if err := claim.Commit(ctx); err != nil {
 			t.Fatal(err)
