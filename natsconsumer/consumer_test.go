@@ -354,9 +354,7 @@ func TestStopDrains(t *testing.T) {
 	wantApplied(t, b.db.Pool, "evt_held")
 	// Stop flushed evt_held's ack; the server may count it a moment later.
 	eventually(t, func() string {
-		ctx, cancel := context.WithTimeout(t.Context(), waitBound)
-		defer cancel()
-		info, err := cons.Info(ctx)
+		info, err := consumerInfo(t, cons)
 		if err != nil {
 			return err.Error()
 		}

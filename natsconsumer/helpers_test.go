@@ -241,14 +241,19 @@ func eventually(t *testing.T, check func() string) {
 	}
 }
 
+// consumerInfo reads cons's state from the server, within waitBound.
+func consumerInfo(t *testing.T, cons jetstream.Consumer) (*jetstream.ConsumerInfo, error) {
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	return cons.Info(ctx)
+}
+
 // settled waits until the consumer holds no message unacknowledged and has
 // none left to deliver.
 func settled(t *testing.T, cons jetstream.Consumer) {
 	t.Helper()
 	eventually(t, func() string {
-		ctx, cancel := context.WithTimeout(t.Context(), waitBound)
-		defer cancel()
-		info, err := cons.Info(ctx)
+		info, err := consumerInfo(t, cons)
 		if err != nil {
 			return err.Error()
 		}
