@@ -57,10 +57,12 @@ type Config struct {
 	// events table, replayable from the console and the CLI): each answer
 	// other than a settled one sends the message through the retry queues,
 	// counted in its x-txhook-attempt header, and the MaxAttempts-th
-	// delivery is the last attempt. A database that cannot be used on the
-	// last attempt keeps the message in the retry queues: nothing is given
-	// up while nothing could be recorded. Defaults to 20 (about an hour of
-	// retries with the default backoff).
+	// delivery is the last attempt. A delivery that finds the database
+	// unusable (or a commit of unknown outcome) spends no attempt: it is
+	// retried with the backoff, counted apart (x-txhook-outages), so that
+	// an outage neither gives a message up nor leaves it with no retries
+	// for its handler's errors once the database is back. Defaults to 20
+	// (about an hour of retries with the default backoff).
 	MaxAttempts int
 	// RetryBase and RetryMax bound the wait before a message is delivered
 	// again after a handler error or a database that could not be used:

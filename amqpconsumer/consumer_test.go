@@ -624,6 +624,42 @@ func TestDatabaseDownOnTheLastAttemptKeepsTheMessage(t *testing.T) {
 	b.settled(t)
 }
 
+// Deliveries that find the database unusable spend none of a message's
+// attempts: once the database is back, a message that waited out an
+// outage longer than MaxAttempts deliveries still has its retries for a
+// handler's error, and is applied rather than recorded failed.
+func TestOutageSpendsNoAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rs := txhook.NewRoutes()
+	var calls atomic.Int32
+	rs.Transactional("orders", "order.created", func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
+		if calls.Add(1) == 1 {
+			return errors.New("the first try after the outage fails")
+		}
+		return effect(ctx, tx, ev)
+	})
+	down, err := txhook.NewProcessor(unreachablePool(t), &txhook.Config{Routes: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen atomic.Int32
+	c := b.consumer(t, down, amqpconsumer.Config{MaxAttempts: 2, Logger: slog.New(countingHandler{&seen})})
+	b.publish(t, amqp.Publishing{MessageId: "evt_14", Type: "order.created", Body: []byte(`{}`)})
+	eventually(t, "more deliveries in the outage than MaxAttempts", func() bool { return seen.Load() >= 3 })
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{MaxAttempts: 2})
+	eventually(t, "evt_14 is settled once the database is back", func() bool { return b.status(t, "evt_14") != "" })
+	b.settled(t)
+	if s, n := b.status(t, "evt_14"), calls.Load(); s != "done" || n != 2 {
+		t.Fatalf("evt_14 is %q after %d handler calls, want done after 2 (an error, then a retry)", s, n)
+	}
+}
+
 // countingHandler counts the consumer's delivery records.
 type countingHandler struct{ n *atomic.Int32 }
 

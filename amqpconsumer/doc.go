@@ -41,8 +41,9 @@
 //	processed, duplicate, failed (a dead letter, replayable),
 //	ignored (no route), queued (inbox route)      ack
 //	in flight elsewhere                           retry after txhook's Retry-After
-//	handler error, database unavailable,
-//	commit of unknown outcome                     retry after the backoff (RetryBase doubling to RetryMax)
+//	handler error                                 retry after the backoff (RetryBase doubling to RetryMax)
+//	database unavailable,
+//	commit of unknown outcome                     retry after the backoff, spending no attempt (see below)
 //	no usable key, invalid type                   to the dead-letter queue, then ack
 //
 // # Queues
@@ -104,12 +105,14 @@
 //     or its connection drops mid-message; a message that kills the
 //     consumer every time thus ends in Q.dead rather than in a loop.
 //
-// A database that cannot be used (or a commit of unknown outcome) on the
-// last attempt records nothing: then the message goes to a retry queue as
-// before, its count not raised past MaxAttempts, and the copy starts with a
-// fresh delivery count. Nothing is given up while nothing could be
-// recorded; every later delivery is a last attempt until the database
-// answers.
+// A database that cannot be used (or a commit of unknown outcome) records
+// nothing, so such a delivery spends no attempt: the message goes to a retry
+// queue with its x-txhook-attempt unchanged and an x-txhook-outages header
+// counting these deliveries, whose backoff grows with them. An outage thus
+// gives nothing up, even on a last attempt (every later delivery is a last
+// attempt until the database answers), and leaves a message the retries
+// it had for its handler's errors once the database is back; each copy
+// also starts with a fresh delivery count.
 //
 // # Concurrency, connections and shutdown
 //

@@ -16,9 +16,12 @@ import (
 
 // Headers the consumer reads and writes.
 const (
-	// headerAttempt counts the deliveries of a message through the retry
-	// queues: absent on the first, n on the (n+1)-th.
+	// headerAttempt counts the attempts a message spent through the
+	// retry queues: absent on the first, n on the (n+1)-th.
 	headerAttempt = "x-txhook-attempt"
+	// headerOutages counts the deliveries of a message that found the
+	// database unusable: they spend no attempt, but lengthen the backoff.
+	headerOutages = "x-txhook-outages"
 	// headerRoutingKey keeps the routing key a message was first
 	// published with: the retry queues deliver it back under Queue's name.
 	headerRoutingKey = "x-txhook-routing-key"
@@ -40,17 +43,26 @@ func (c *Consumer) handle(s *session, d amqp.Delivery) {
 	start := time.Now()
 	ctx := c.work
 	prior := intHeader(d.Headers, headerAttempt)
+	outages := intHeader(d.Headers, headerOutages)
 	attempt := prior + 1
 	last := attempt >= c.cfg.MaxAttempts || intHeader(d.Headers, headerDeliveryCount) >= c.cfg.DeliveryLimit
 	ev := txhook.Event{Source: c.cfg.Source, Key: d.MessageId, Type: c.eventType(d), Payload: d.Body}
 	res, err := c.proc.Deliver(ctx, ev, &txhook.DeliverOptions{LastAttempt: last})
-	dec := consume.Decide(res, err, attempt, c.backoff)
+	// The backoff grows with every delivery, the outages' among them.
+	deliveries := attempt + outages
+	dec := consume.Decide(res, err, deliveries, c.backoff)
 	var settleErr error
 	switch dec.Action {
 	case consume.Ack:
 		settleErr = d.Ack(false)
 	case consume.Retry:
-		settleErr = c.retry(ctx, s, d, min(attempt, c.cfg.MaxAttempts), min(dec.Delay, c.backoff.Max))
+		spent := attempt
+		if dec.Answer == handler.AnswerUnavailable {
+			// Nothing could be recorded: the delivery spends no attempt,
+			// so that an outage does not leave a message with none.
+			spent, outages = prior, outages+1
+		}
+		settleErr = c.retry(ctx, s, d, min(spent, c.cfg.MaxAttempts), outages, min(dec.Delay, c.backoff.Max))
 	default:
 		settleErr = c.deadLetter(ctx, s, d, dec.Err)
 	}
@@ -58,7 +70,7 @@ func (c *Consumer) handle(s *session, d amqp.Delivery) {
 		// The copy could not be published: give the message back to its
 		// queue, but only after the attempt's backoff, or the broker would
 		// hand it straight back and the consumer spin on a failing publish.
-		settleErr = c.giveBack(d, settleErr, c.backoff.Delay(attempt))
+		settleErr = c.giveBack(d, settleErr, c.backoff.Delay(deliveries))
 	}
 	consume.Report(ctx, c.log, c.cfg.Observer, transport, dec.Action, handler.Report{
 		Source: c.cfg.Source, Key: ev.Key, Type: ev.Type, Answer: dec.Answer, Duration: time.Since(start), Err: dec.Err,
@@ -84,15 +96,19 @@ func (c *Consumer) eventType(d amqp.Delivery) string {
 	return d.RoutingKey
 }
 
-// retry publishes a copy of d, marked as its attempt-th, to the retry queue
-// of wait, and acknowledges d once the broker confirmed the copy.
-func (c *Consumer) retry(ctx context.Context, s *session, d amqp.Delivery, attempt int, wait time.Duration) error {
+// retry publishes a copy of d, marked with the attempts it spent and the
+// outages it met, to the retry queue of wait, and acknowledges d once the
+// broker confirmed the copy.
+func (c *Consumer) retry(ctx context.Context, s *session, d amqp.Delivery, spent, outages int, wait time.Duration) error {
 	q, err := s.retryQueue(retryWait(wait))
 	if err != nil {
 		return fmt.Errorf("retry: %w: %w", errCopyFailed, err)
 	}
 	p := copyOf(d)
-	p.Headers[headerAttempt] = int64(attempt)
+	p.Headers[headerAttempt] = int64(spent)
+	if outages > 0 {
+		p.Headers[headerOutages] = int64(outages)
+	}
 	if _, ok := p.Headers[headerRoutingKey]; !ok {
 		p.Headers[headerRoutingKey] = d.RoutingKey
 	}
