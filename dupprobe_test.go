@@ -43,7 +43,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 		{"duplicate in a storm", ev, txhook.OutcomeDuplicate, [][]string{{"EventStatus"}}},
 		{"new event in a storm", event("evt_new_in_storm"), txhook.OutcomeProcessed, [][]string{
 			{"EventStatus"},
-			{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"},
+			{"begin", "InsertEvent"},
 			{"insert into effects (event_key) values ($1)"},
 			{"commit"},
 		}},
@@ -62,7 +62,7 @@ func TestDuplicateStormIsAnsweredWithOneRead(t *testing.T) {
 	mustProcess(t, p, ev, insertEffect, txhook.OutcomeDuplicate)
 	// The dedupe step finds the key recorded; the read of a claim holding
 	// it follows the rollback.
-	want := [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}, {"InFlightLease"}}
+	want := [][]string{{"begin", "InsertEvent"}, {"rollback"}, {"InFlightLease"}}
 	if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("duplicate after the storm: round trips %q, want %q", got, want)
 	}
@@ -246,7 +246,7 @@ func TestWrappedDatabases(t *testing.T) {
 			[][]string{{"EventStatus"}},
 			[][]string{{"ClaimEvent"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
 		{"begin only", beginOnly{pool},
-			[][]string{{"begin"}, {"LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}, {"begin"}, {"InFlightLease"}, {"rollback"}},
+			[][]string{{"begin"}, {"InsertEvent"}, {"rollback"}, {"begin"}, {"InFlightLease"}, {"rollback"}},
 			[][]string{{"begin"}, {"ClaimEvent"}, {"commit"}, {"begin"}, {"CompleteLease"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}},
 	}
 	for _, c := range cases {
@@ -257,7 +257,7 @@ func TestWrappedDatabases(t *testing.T) {
 		key := "evt_wrapped_" + strings.ReplaceAll(c.name, " ", "_")
 		tr.Take()
 		mustProcess(t, p, event(key), insertEffect, txhook.OutcomeProcessed)
-		want := [][]string{{"begin"}, {"LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}
+		want := [][]string{{"begin"}, {"InsertEvent"}, {"insert into effects (event_key) values ($1)"}, {"commit"}}
 		if got := tr.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 			t.Errorf("%s: new event: round trips %q, want %q", c.name, got, want)
 		}

@@ -28,7 +28,7 @@ func TestMemoryHitsDoNotTurnOnTheRead(t *testing.T) {
 	}
 	mustProcess(t, p, event("evt_next_new"), insertEffect, txhook.OutcomeProcessed)
 	wantTrips(t, tr, "a new event after a storm the memory absorbed", [][]string{
-		{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {insertEffectSQL}, {"commit"},
+		{"begin", "InsertEvent"}, {insertEffectSQL}, {"commit"},
 	})
 }
 

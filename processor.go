@@ -110,19 +110,13 @@ type Config struct {
 	// be new. When the key is already committed or held by another
 	// delivery, its first statement runs and is rolled back, that statement
 	// and every later one return ErrNotNew, and the outcome is duplicate or
-	// in flight whatever the handler returns. The statements sent with the
-	// dedupe step wait on locks at most LockTimeout, as the dedupe step does
-	// (a duplicate never waits long on a business row the first delivery
-	// holds); when the key is new and one of them hits that bound, the
-	// attempt runs again with the dedupe step first and the handler's own
-	// setting. A NOWAIT's refusal is not a hit of the bound: the handler's
-	// error, answered once (a lock_timeout the handler's own function sets
-	// cannot be told from the bound, and runs the attempt again; the
-	// BodyDedupe's check answers with its own error). The session's
-	// lock_timeout is back in force for the statements after those; a
-	// handler whose first statement sets lock_timeout itself (SET LOCAL
-	// lock_timeout) keeps its own setting, unless it sets the bound's
-	// value. Use it
+	// in flight whatever the handler returns. For such a key the statements
+	// sent with the dedupe step wait on locks at most LockTimeout, as the
+	// dedupe step does (a duplicate never waits long on a business row the
+	// first delivery holds); for a new key they run under the session's own
+	// lock_timeout, which the dedupe step restores as it records the key (a
+	// handler whose first statement sets lock_timeout itself keeps its own
+	// setting). Use it
 	// for handlers that do nothing but decode, check and write through tx
 	// (what a transactional handler should do): code before their first
 	// statement runs for every delivery. A handler's first
@@ -311,7 +305,6 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 			return err
 		},
 		WithFirstStatement: p.dedupeWithFirst,
-		LockTimeout:        p.lockTimeout,
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			herr = p.handled(h(ctx, tx, ev))
 			return herr
@@ -343,7 +336,9 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 }
 
 // dedupe is the dedupe step: it records ev's key in the transaction q runs
-// in, under the engine's lock_timeout bound. A nil error means the key is
+// in, its wait for a concurrent delivery of the key bounded by LockTimeout
+// (the statement sets the bound and, for a new key, restores the session's
+// setting: see queries/events.sql). A nil error means the key is
 // new and the transaction owns it. Otherwise the run stops with
 // errRollback: for a key found recorded (recorded; recordedKey then
 // answers), or held by a delivery still running (in flight).
@@ -354,6 +349,7 @@ func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (not
 		EventType:   ev.Type,
 		Payload:     p.payload(ev),
 		PayloadHash: ev.PayloadHash,
+		LockTimeout: p.lockTimeout,
 	})
 	switch {
 	case isLockTimeout(err):

@@ -85,8 +85,12 @@ func (q *Queries) InFlightLease(ctx context.Context, arg InFlightLeaseParams) (p
 const insertEvent = `-- name: InsertEvent :execrows
 INSERT INTO txhook_processed_events AS e
     (source, event_key, event_type, status, completed_at, payload, payload_hash)
-VALUES ($1, $2, $3, 'done', now(), $4, $5)
+SELECT $1::text, $2::text, $3::text, 'done', now(),
+       $4::bytea, $5::bytea
+FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved,
+             set_config('lock_timeout', $6::text, true) AS bound) AS b
 ON CONFLICT (source, event_key) DO NOTHING
+RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)
 `
 
 type InsertEventParams struct {
@@ -95,13 +99,18 @@ type InsertEventParams struct {
 	EventType   string
 	Payload     []byte
 	PayloadHash []byte
+	LockTimeout string
 }
 
 // The transactional mode's dedupe step: one row inserted, the key is new and this transaction owns
-// it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A concurrent
-// delivery of the key that has not committed makes it wait: the engine sends it under the
-// lock_timeout bound (a wait past it raises SQLSTATE 55P03, lock_not_available: in flight). A
-// recorded key takes no row lock and writes nothing.
+// it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A recorded key
+// takes no row lock and writes nothing. A concurrent delivery of the key that has not committed
+// makes it wait, at most @lock_timeout: the statement bounds its own wait (the subquery saves the
+// session's lock_timeout and sets the bound before the row is inserted; a wait past it raises
+// SQLSTATE 55P03, lock_not_available: in flight) and restores the session's setting once the row
+// is in (RETURNING), so that a new key's handler runs under its own setting. For a key that is
+// not new the bound stays, for the statements sent with this one (Config.DedupeWithFirstStatement),
+// until the transaction, rolled back, ends.
 func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (int64, error) {
 	result, err := q.db.Exec(ctx, insertEvent,
 		arg.Source,
@@ -109,6 +118,7 @@ func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (int64
 		arg.EventType,
 		arg.Payload,
 		arg.PayloadHash,
+		arg.LockTimeout,
 	)
 	if err != nil {
 		return 0, err

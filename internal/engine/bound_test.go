@@ -95,12 +95,12 @@ func TestDuplicateNeverWaitsLongWithFirstStatement(t *testing.T) {
 	}
 }
 
-// TestNewKeyFirstStatementPastTheBound: a new key whose first statement
-// waits on a business row past the bound is not answered in flight nor
-// failed: the attempt runs again with the first step on its own and the
-// body's own lock setting, and the body's work commits once the row is
-// free. The body's statements after the first run with the session's own
-// lock_timeout.
+// TestNewKeyFirstStatementPastTheBound: a new key's first statement, sent
+// with the first step, runs under the session's own lock_timeout (the
+// dedupe step restored it as it recorded the key), not the bound: it waits
+// on a business row past the bound, in the one attempt, and the body's
+// work commits once the row is free. The body's later statements run with
+// the session's own lock_timeout too.
 func TestNewKeyFirstStatementPastTheBound(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -114,8 +114,8 @@ func TestNewKeyFirstStatementPastTheBound(t *testing.T) {
 	if res := deliverWithin(t, 10*time.Second, d, e, "evt_new_waits", bump(&calls, "evt_new_waits")); res != processed {
 		t.Errorf("outcome %v, want processed", res)
 	}
-	if calls != 2 {
-		t.Errorf("body calls = %d, want 2 (bounded, then with the first step on its own)", calls)
+	if calls != 1 {
+		t.Errorf("body calls = %d, want 1 (its first statement waited under the session's setting)", calls)
 	}
 	if n := e.effects(t, "evt_new_waits"); n != 1 {
 		t.Errorf("effects = %d, want 1", n)
@@ -165,9 +165,9 @@ func TestNewKeyFirstStatementNowait(t *testing.T) {
 }
 
 // TestBodyFirstStatementSetsLockTimeout: under WithFirstStatement, a body
-// whose first statement (sent with the first step, under its bound) sets
-// lock_timeout keeps its own setting for its later statements: the
-// session's is restored only while the bound is still in force.
+// whose first statement (sent with the first step) sets lock_timeout keeps
+// its own setting for its later statements: the dedupe step restored the
+// session's before it.
 func TestBodyFirstStatementSetsLockTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -39,8 +39,8 @@ func TestDeferredRoundTrips(t *testing.T) {
 
 			d.must(t, pool, "evt_write_defer", writeThenDefer("evt_write_defer"), processed)
 			wantTrips(t, tr, "write, then deferred write", trips(
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {insertEffectSQL}, {insertNoteSQL, "commit"}},
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {insertNoteSQL, "commit"}},
+				[][]string{{"begin", "InsertEvent"}, {insertEffectSQL}, {insertNoteSQL, "commit"}},
+				[][]string{{"begin", "InsertEvent", insertEffectSQL}, {insertNoteSQL, "commit"}},
 			))
 
 			const key2 = "evt_defer_read"
@@ -56,14 +56,14 @@ func TestDeferredRoundTrips(t *testing.T) {
 			}, processed)
 			const countSQL = "select count(*) from effects where event_key = $1"
 			wantTrips(t, tr, "two deferred writes, then a read", trips(
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {insertNoteSQL, insertNoteSQL, countSQL}, {"commit"}},
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertNoteSQL, insertNoteSQL, countSQL, "LockTimeoutRestored"}, {"commit"}},
+				[][]string{{"begin", "InsertEvent"}, {insertNoteSQL, insertNoteSQL, countSQL}, {"commit"}},
+				[][]string{{"begin", "InsertEvent", insertNoteSQL, insertNoteSQL, countSQL}, {"commit"}},
 			))
 
 			d.must(t, pool, "evt_only_deferred", func(ctx context.Context, tx pgx.Tx) error {
 				return deferNote(ctx, tx, "evt_only_deferred", "only")
 			}, processed)
-			wantTrips(t, tr, "only a deferred write", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {insertNoteSQL, "commit"}})
+			wantTrips(t, tr, "only a deferred write", [][]string{{"begin", "InsertEvent"}, {insertNoteSQL, "commit"}})
 
 			for key, want := range map[string]int{"evt_write_defer": 2, "evt_defer_read": 2, "evt_only_deferred": 1} {
 				if n := e.effects(t, key); n != want {
@@ -73,8 +73,8 @@ func TestDeferredRoundTrips(t *testing.T) {
 
 			d.must(t, pool, "evt_write_defer", writeThenDefer("evt_write_defer"), duplicate)
 			wantTrips(t, tr, "duplicate", trips(
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}},
-				[][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"rollback"}},
+				[][]string{{"begin", "InsertEvent"}, {"rollback"}},
+				[][]string{{"begin", "InsertEvent", insertEffectSQL}, {"rollback"}},
 			))
 			if n := e.effects(t, "evt_write_defer"); n != 2 {
 				t.Errorf("duplicate: %d effects, want the first delivery's 2", n)
@@ -88,7 +88,7 @@ func TestDeferredRoundTrips(t *testing.T) {
 			}); err == nil {
 				t.Fatal("a failing body's run returned no error")
 			}
-			wantTrips(t, tr, "failing body", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}})
+			wantTrips(t, tr, "failing body", [][]string{{"begin", "InsertEvent"}, {"rollback"}})
 			if n := e.effects(t, "evt_body_fails"); n != 0 {
 				t.Errorf("failing body: %d effects", n)
 			}

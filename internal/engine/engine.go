@@ -29,9 +29,8 @@
 // on any other Beginner (beginner.go), savepointTx in the caller's
 // transaction (savepoint.go), which also routes a savepoint's statements
 // past what the transaction around it deferred. The first step rides in the
-// first batch (first.go), under a lock_timeout bound (Spec.LockTimeout), as
-// do the body's statements that ride with it (bound.go); deferred
-// statements wait in the Tx's queue (deferred.go). What the errors mean,
+// first batch (first.go); deferred statements wait in the Tx's queue
+// (deferred.go). What the errors mean,
 // and which are retried, is errors.go and classify.go; statements outside
 // any transaction are autocommit.go.
 package engine
@@ -113,17 +112,11 @@ type Spec struct {
 	// statement, in one round trip, instead of with BEGIN before Body runs.
 	// Body then starts before First has answered; when First stops the
 	// run, Body's statements return ErrNotNew, and what Body returns is
-	// ignored. Body's statements sent before First has answered are bounded
-	// by LockTimeout; later ones run with the session's own setting. When
-	// First lets the run go on and one of them waited on a lock past that
-	// bound, the attempt runs again with First on its own; a statement that
-	// refused to wait (NOWAIT) fails the run as it is.
+	// ignored. Body's statements sent with First's run after it, under
+	// whatever settings it left (txhook's dedupe step bounds its own lock
+	// wait and restores the session's lock_timeout only for a new key, so
+	// that a duplicate's statements sent with it never wait long).
 	WithFirstStatement bool
-	// LockTimeout, if set, is the lock_timeout (PostgreSQL's syntax,
-	// "2000ms") of First's statement and of Body's statements sent with it
-	// under WithFirstStatement: set before them in the first batch, and the
-	// session's own setting restored after them.
-	LockTimeout string
 	// Body is the application's work, run in the transaction. Its error
 	// rolls back the run and is returned by Run.
 	Body func(ctx context.Context, tx pgx.Tx) error
@@ -161,22 +154,11 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 	if t.Nested() {
 		attempts = 1
 	}
-	withFirstStatement := s.WithFirstStatement
 	for attempt := 1; ; attempt++ {
-		tx := newTx(t, o.Tx, firstStep{fn: s.First, withStatement: withFirstStatement && s.First != nil, bound: s.LockTimeout})
+		tx := newTx(t, o.Tx, firstStep{fn: s.First, withStatement: s.WithFirstStatement && s.First != nil})
 		err := runOnce(ctx, tx, o.FinishTimeout, s)
 		if err == nil {
 			return nil
-		}
-		if tx.first.hit && withFirstStatement {
-			// The key is new, but the body's first statement waited on a
-			// lock longer than the first step's bound (a lock_timeout that
-			// ran out, see boundCut): run the attempt again
-			// with the first step on its own, under the session's setting.
-			// A NOWAIT is the statement's error, answered as it is.
-			withFirstStatement = false
-			attempt--
-			continue
 		}
 		if attempt >= attempts || !retryable(err) {
 			return classify(err, tx)

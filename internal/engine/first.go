@@ -15,11 +15,6 @@ import (
 type firstStep struct {
 	fn            func(ctx context.Context, q Querier) error // nil once sent, or when there is none
 	withStatement bool                                       // sent with the body's first statement
-	bound         string                                     // the lock_timeout of its statement and of body statements sent with it
-	// hit reports that the first step found its key new but a body
-	// statement sent with it waited on a lock past the bound (see
-	// boundCut).
-	hit bool
 }
 
 // begin sends the first batch, if it has not been sent: BEGIN (or, before
@@ -45,8 +40,6 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 		t.beginErr = errors.Join(errors.New("txhook: the transaction's first step sent no statement"), err)
 	case err != nil:
 		t.firstErr = err
-	default:
-		t.first.hit = q.boundHit
 	}
 }
 
@@ -54,19 +47,12 @@ func (t *Tx) begin(ctx context.Context, extra []stmt, nDeferred int) {
 // there is a first step. It returns the failure to begin, and leaves each
 // statement's result in it.
 func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred int) error {
-	bounded := first != nil && t.first.bound != ""
 	br, closed, err := t.sendBegin(ctx, func(b *pgx.Batch) {
-		if bounded {
-			b.Queue(boundSQL, t.first.bound)
-		}
 		if first != nil {
 			b.Queue(first.sql, first.args...)
 		}
 		for _, s := range extra {
 			b.Queue(s.sql, s.args...)
-		}
-		if bounded {
-			b.Queue(unboundSQL)
 		}
 	})
 	if err != nil {
@@ -75,7 +61,7 @@ func (t *Tx) sendFirst(ctx context.Context, first *stmt, extra []stmt, nDeferred
 		}
 		return &beginError{err: err}
 	}
-	t.readFirst(br, bounded, first, extra)
+	t.readFirst(br, first, extra)
 	// When BEGIN was not in the batch (after a SAVEPOINT or a Beginner's
 	// BeginTx of its own), pgx's refusal of the batch is the answer of its
 	// first statement (see Tx.sendBegin).
@@ -109,35 +95,21 @@ func refused(pe pgx.ErrPreprocessingBatch, first *stmt, extra []stmt, nDeferred 
 }
 
 // readFirst reads the first batch's results after BEGIN's.
-func (t *Tx) readFirst(br pgx.BatchResults, bounded bool, first *stmt, extra []stmt) {
+func (t *Tx) readFirst(br pgx.BatchResults, first *stmt, extra []stmt) {
 	var err error
-	if bounded {
-		_, err = br.Exec()
-	}
 	if first != nil {
-		if err != nil {
-			first.err = err
-		} else {
-			first.read(br)
-			err = first.err
-		}
+		first.read(br)
+		err = first.err
 	}
 	failed := -1
 	if err != nil {
 		fail(extra, err)
 	} else {
 		failed = readAll(br, extra)
-		if failed < 0 && bounded {
-			_, err = br.Exec()
-		}
 	}
-	cerr := br.Close()
-	switch {
-	case failed >= 0:
-		t.first.hit = bounded && boundCut(extra[failed].err)
-	case err == nil && cerr != nil:
-		// pgx reports a failure after the last statement read (or of the
-		// statement restoring the bound) again on Close.
+	if cerr := br.Close(); failed < 0 && err == nil && cerr != nil {
+		// pgx reports a failure after the last statement read again on
+		// Close.
 		fail(extra, cerr)
 		if first != nil && len(extra) == 0 {
 			first.err = cerr
@@ -153,7 +125,6 @@ type firstQuerier struct {
 	nDeferred int
 	sent      bool
 	beginErr  error
-	boundHit  bool
 }
 
 // Exec implements Querier.
@@ -186,7 +157,6 @@ func (q *firstQuerier) send(ctx context.Context, s *stmt) error {
 		q.beginErr = err
 		return err
 	}
-	q.boundHit, q.t.first.hit = q.t.first.hit, false
 	return nil
 }
 

@@ -30,12 +30,12 @@ func TestFirstStepSharesRoundTripWithBegin(t *testing.T) {
 		sent [][]string
 	}{
 		{"new", processed, [][]string{
-			{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"},
+			{"begin", "InsertEvent"},
 			{"insert into effects (event_key) values ($1)"},
 			{"commit"},
 		}},
 		{"duplicate", duplicate, [][]string{
-			{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"},
+			{"begin", "InsertEvent"},
 			{"rollback"},
 		}},
 	}
@@ -99,11 +99,11 @@ func TestWithFirstStatementRoundTrips(t *testing.T) {
 	}
 	tr.Take()
 	d.must(t, pool, "evt_eager_one", insertEffect("evt_eager_one"), processed)
-	wantTrips(t, tr, "new key, one statement", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"commit"}})
+	wantTrips(t, tr, "new key, one statement", [][]string{{"begin", "InsertEvent", insertEffectSQL}, {"commit"}})
 
 	d.must(t, pool, "evt_eager_two", twoWrites("evt_eager_two"), processed)
 	wantTrips(t, tr, "new key, QueryRow then Exec", [][]string{
-		{"begin", "LockTimeoutBound", "InsertEvent", "insert into effects (event_key) values ($1) returning event_key", "LockTimeoutRestored"},
+		{"begin", "InsertEvent", "insert into effects (event_key) values ($1) returning event_key"},
 		{"insert into effects (event_key, note) values ($1, 'second')"},
 		{"commit"},
 	})
@@ -116,7 +116,7 @@ func TestWithFirstStatementRoundTrips(t *testing.T) {
 		return nil // a body that ignores its errors
 	}
 	d.must(t, pool, "evt_eager_two", recording, duplicate)
-	wantTrips(t, tr, "duplicate", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"rollback"}})
+	wantTrips(t, tr, "duplicate", [][]string{{"begin", "InsertEvent", insertEffectSQL}, {"rollback"}})
 	for i, err := range seen {
 		if !errors.Is(err, engine.ErrNotNew) {
 			t.Errorf("duplicate: statement %d returned %v, want ErrNotNew", i+1, err)
@@ -143,9 +143,9 @@ func TestWithFirstStatementBodyWithoutStatements(t *testing.T) {
 	tr.Take()
 
 	d.must(t, pool, "evt_nothing", nothing, processed)
-	wantTrips(t, tr, "no statements", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"commit"}})
+	wantTrips(t, tr, "no statements", [][]string{{"begin", "InsertEvent"}, {"commit"}})
 	d.must(t, pool, "evt_nothing", nothing, duplicate)
-	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"rollback"}})
+	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "InsertEvent"}, {"rollback"}})
 
 	// An error: nothing committed for a new key; a duplicate stays a
 	// duplicate.
@@ -232,12 +232,12 @@ func TestWithFirstStatementOtherFirstCalls(t *testing.T) {
 		rows.Close()
 		return insertEffect("evt_eager_query")(ctx, tx)
 	}, processed)
-	wantTrips(t, tr, "Query first", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
+	wantTrips(t, tr, "Query first", [][]string{{"begin", "InsertEvent"}, {"select 1"}, {insertEffectSQL}, {"commit"}})
 
 	pool2, tr2 := e.traced(t)
 	d.must(t, testdb.OnlyBegins{Pool: pool2}, "evt_eager_wrapped", insertEffect("evt_eager_wrapped"), processed)
 	wantTrips(t, tr2, "a Beginner that begins on its own", [][]string{
-		{"begin"}, {"LockTimeoutBound", "InsertEvent", insertEffectSQL, "LockTimeoutRestored"}, {"commit"},
+		{"begin"}, {"InsertEvent", insertEffectSQL}, {"commit"},
 	})
 }
 
@@ -257,5 +257,5 @@ func TestRefusedStatementNotSentAgain(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a run with an argument that cannot be encoded: %v, nil", res)
 	}
-	wantTrips(t, tr, "refused first batch", [][]string{{"begin", "LockTimeoutBound", "InsertEvent", sql, "LockTimeoutRestored"}})
+	wantTrips(t, tr, "refused first batch", [][]string{{"begin", "InsertEvent", sql}})
 }

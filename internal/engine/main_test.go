@@ -154,7 +154,7 @@ func (d delivery) run(ctx context.Context, at engine.Target, key string, body fu
 	err := engine.Run(ctx, at, o, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
 			n, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
-				Source: "test", EventKey: key, EventType: "thing.happened",
+				Source: "test", EventKey: key, EventType: "thing.happened", LockTimeout: lockTimeout,
 			})
 			switch {
 			case isLockTimeout(err):
@@ -171,7 +171,6 @@ func (d delivery) run(ctx context.Context, at engine.Target, key string, body fu
 			return nil
 		},
 		WithFirstStatement: d.withFirst,
-		LockTimeout:        lockTimeout,
 		Body:               body,
 	})
 	switch {

@@ -56,16 +56,6 @@ func (s *savepointTx) name() string {
 // transaction: the savepoint must exist by then for the run to roll back
 // to it.
 func (s *savepointTx) sendBegin(ctx context.Context, queue func(b *pgx.Batch)) (pgx.BatchResults, bool, error) {
-	if p, ok := s.parent.(*Tx); ok && !p.open && p.first.bound != "" {
-		// The enclosing run's first batch goes out on its own first: sent
-		// in it, SAVEPOINT would run before the batch restores the first
-		// step's bound, and rolling the savepoint back would undo the
-		// restore, leaving the bound on for the rest of the transaction.
-		p.begin(ctx, nil, 0)
-		if err := p.err(); err != nil {
-			return nil, false, err
-		}
-	}
 	// SAVEPOINT goes through the caller's transaction, after what it had
 	// deferred; the savepoint's own statements go past what it defers
 	// from now on (see enclosing).

@@ -178,8 +178,8 @@ func TestHandlerSavepointsInsideEachOther(t *testing.T) {
 }
 
 // Under WithFirstStatement, a body whose first statement opens a savepoint
-// that it then rolls back keeps the session's lock_timeout: the first
-// step's bound is restored outside the savepoint.
+// that it then rolls back keeps the session's lock_timeout: the dedupe
+// step restored it before the savepoint opened.
 func TestHandlerSavepointKeepsLockTimeout(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -274,7 +274,7 @@ func TestDeferredOutsideWhileSavepointOpen(t *testing.T) {
 				}
 			}
 			wantTrips(t, tr, name+", nested run sending "+c.last, [][]string{
-				{"begin", "LockTimeoutBound", "InsertEvent", "LockTimeoutRestored"}, {"savepoint txhook_1"}, {nestedSQL}, {c.last}, {c.end}, {outerSQL, "commit"},
+				{"begin", "InsertEvent"}, {"savepoint txhook_1"}, {nestedSQL}, {c.last}, {c.end}, {outerSQL, "commit"},
 			})
 		}
 	}

@@ -129,14 +129,10 @@ func processNaive(ctx context.Context, pool *pgxpool.Pool, key string, body []by
 	})
 }
 
-// The dedupe step as txhook sends it (queries/events.sql's InsertEvent),
-// between the engine's lock_timeout bound and its restore
-// (internal/engine/bound.go).
-const (
-	lockTimeoutBoundSQL    = "select set_config('txhook.lock_timeout', current_setting('lock_timeout'), true), set_config('txhook.lock_timeout_bound', set_config('lock_timeout', $1, true), true)"
-	insertEventSQL         = "INSERT INTO txhook_processed_events AS e (source, event_key, event_type, status, completed_at, payload, payload_hash) VALUES ($1, $2, $3, 'done', now(), $4, $5) ON CONFLICT (source, event_key) DO NOTHING"
-	lockTimeoutRestoredSQL = "select case when current_setting('lock_timeout') = current_setting('txhook.lock_timeout_bound') then set_config('lock_timeout', current_setting('txhook.lock_timeout'), true) end"
-)
+// insertEventSQL is the dedupe step as txhook sends it (queries/events.sql's
+// InsertEvent), which bounds its own lock wait ($6) and restores the
+// session's lock_timeout for a new key.
+const insertEventSQL = "INSERT INTO txhook_processed_events AS e (source, event_key, event_type, status, completed_at, payload, payload_hash) SELECT $1::text, $2::text, $3::text, 'done', now(), $4::bytea, $5::bytea FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', $6::text, true) AS bound) AS b ON CONFLICT (source, event_key) DO NOTHING RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)"
 
 // processRawPgx sends the same statements as the library, written directly
 // with pgx and no txhook: what the client side of the limit costs in Go.
@@ -146,18 +142,12 @@ func processRawPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []b
 		return err
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockTimeoutBoundSQL, "2000ms"); err != nil {
-			return fmt.Errorf("bound lock_timeout: %w", err)
-		}
-		tag, err := tx.Exec(ctx, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil)
+		tag, err := tx.Exec(ctx, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms")
 		if err != nil {
 			return fmt.Errorf("insert event: %w", err)
 		}
 		if tag.RowsAffected() != 1 {
 			return errors.New("duplicate")
-		}
-		if _, err := tx.Exec(ctx, lockTimeoutRestoredSQL); err != nil {
-			return fmt.Errorf("restore lock_timeout: %w", err)
 		}
 		q := ordersdb.New(tx)
 		return applyCheckout(ctx, q, q, c)
@@ -176,11 +166,9 @@ func processBatchPgx(ctx context.Context, pool *pgxpool.Pool, key string, body [
 	o := c.Data.Object
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockTimeoutBoundSQL, "2000ms")
-	b.Queue(insertEventSQL, "stripe", key, "checkout.session.completed", body, nil)
+	b.Queue(insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms")
 	b.Queue("INSERT INTO orders (checkout_session_id, customer_id, amount_total) VALUES ($1, $2, $3) ON CONFLICT (checkout_session_id) DO NOTHING",
 		o.ID, o.Customer, *o.AmountTotal)
-	b.Queue(lockTimeoutRestoredSQL)
 	b.Queue(`INSERT INTO customers AS c (id, total_spent) VALUES ($1, $2::bigint)
 		ON CONFLICT (id) DO UPDATE SET total_spent = c.total_spent + EXCLUDED.total_spent, updated_at = now()`,
 		*o.Customer, *o.AmountTotal)
