@@ -97,12 +97,9 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 			if err != nil {
 				return fmt.Errorf("enqueue event: %w", err)
 			}
-			if err := deferred.BoundAcceptLockTimeout(ctx, p.lockTimeout); err != nil {
-				return err
-			}
 			return deferred.QueueEventWithJob(ctx, db.QueueEventWithJobParams{
 				Source: ev.Source, EventKey: ev.Key, EventType: ev.Type, Payload: ev.Payload,
-				PayloadHash: ev.PayloadHash, JobID: id,
+				PayloadHash: ev.PayloadHash, JobID: id, LockTimeout: p.lockTimeout,
 			})
 		},
 	})

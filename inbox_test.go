@@ -190,7 +190,7 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 		want txhook.Outcome
 		sent [][]string
 	}{
-		{"new", txhook.OutcomeQueued, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"BoundAcceptLockTimeout", "QueueEventWithJob", "commit"}}},
+		{"new", txhook.OutcomeQueued, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"QueueEventWithJob", "commit"}}},
 		{"duplicate", txhook.OutcomeDuplicate, [][]string{{"begin", "CheckKeyNotRecorded", insertJob}, {"rollback"}}},
 	} {
 		res, err := accept(t, p, event("a-1"), nil)

@@ -11,18 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const boundAcceptLockTimeout = `-- name: BoundAcceptLockTimeout :exec
-SELECT set_config('lock_timeout', $1::text, true)
-`
-
-// Inbox mode's accept: sets, for the rest of its transaction, the bound of QueueEventWithJob's wait on
-// a concurrent delivery of the key. It travels with COMMIT, just before that insert; nothing runs
-// after them but COMMIT, so the session's own setting needs no restore.
-func (q *Queries) BoundAcceptLockTimeout(ctx context.Context, lockTimeout string) error {
-	_, err := q.db.Exec(ctx, boundAcceptLockTimeout, lockTimeout)
-	return err
-}
-
 const checkKeyNotRecorded = `-- name: CheckKeyNotRecorded :exec
 SELECT txhook_raise_key_recorded(source, event_key)
 FROM txhook_processed_events
@@ -253,7 +241,9 @@ func (q *Queries) MarkQueuedFailed(ctx context.Context, arg MarkQueuedFailedPara
 
 const queueEventWithJob = `-- name: QueueEventWithJob :exec
 INSERT INTO txhook_processed_events (source, event_key, event_type, status, payload, payload_hash, job_id)
-VALUES ($1, $2, $3, 'queued', $4, $5, $6::bigint)
+SELECT $1::text, $2::text, $3::text, 'queued', $4::bytea,
+       $5::bytea, $6::bigint
+FROM (SELECT set_config('lock_timeout', $7::text, true) AS bound) AS b
 `
 
 type QueueEventWithJobParams struct {
@@ -263,14 +253,17 @@ type QueueEventWithJobParams struct {
 	Payload     []byte
 	PayloadHash []byte
 	JobID       int64
+	LockTimeout string
 }
 
 // Inbox mode's accept step, sent with COMMIT after the job that applies the event: inserts the key
-// as queued with its payload, payload hash and the job's id, so the row is written once. A key
-// recorded meanwhile (CheckKeyNotRecorded, sent with BEGIN, saw none) fails it with a unique
-// violation of the events table's primary key, a concurrent delivery holding the key past the
-// bound with SQLSTATE 55P03; either aborts the transaction, so COMMIT never runs and the job rolls
-// back with it.
+// as queued with its payload, payload hash and the job's id, so the row is written once. Its wait
+// on a concurrent delivery of the key is bounded by @lock_timeout, which the subquery sets before
+// the row is inserted; nothing runs after it but COMMIT, so the session's own setting needs no
+// restore. A key recorded meanwhile (CheckKeyNotRecorded, sent with BEGIN, saw none) fails it with
+// a unique violation of the events table's primary key, a concurrent delivery holding the key past
+// the bound with SQLSTATE 55P03; either aborts the transaction, so COMMIT never runs and the job
+// rolls back with it.
 func (q *Queries) QueueEventWithJob(ctx context.Context, arg QueueEventWithJobParams) error {
 	_, err := q.db.Exec(ctx, queueEventWithJob,
 		arg.Source,
@@ -279,6 +272,7 @@ func (q *Queries) QueueEventWithJob(ctx context.Context, arg QueueEventWithJobPa
 		arg.Payload,
 		arg.PayloadHash,
 		arg.JobID,
+		arg.LockTimeout,
 	)
 	return err
 }

@@ -6,21 +6,19 @@ SELECT txhook_raise_key_recorded(source, event_key)
 FROM txhook_processed_events
 WHERE source = @source AND event_key = @event_key;
 
--- name: BoundAcceptLockTimeout :exec
--- Inbox mode's accept: sets, for the rest of its transaction, the bound of QueueEventWithJob's wait on
--- a concurrent delivery of the key. It travels with COMMIT, just before that insert; nothing runs
--- after them but COMMIT, so the session's own setting needs no restore.
-SELECT set_config('lock_timeout', sqlc.arg(lock_timeout)::text, true);
-
 -- name: QueueEventWithJob :exec
 -- Inbox mode's accept step, sent with COMMIT after the job that applies the event: inserts the key
--- as queued with its payload, payload hash and the job's id, so the row is written once. A key
--- recorded meanwhile (CheckKeyNotRecorded, sent with BEGIN, saw none) fails it with a unique
--- violation of the events table's primary key, a concurrent delivery holding the key past the
--- bound with SQLSTATE 55P03; either aborts the transaction, so COMMIT never runs and the job rolls
--- back with it.
+-- as queued with its payload, payload hash and the job's id, so the row is written once. Its wait
+-- on a concurrent delivery of the key is bounded by @lock_timeout, which the subquery sets before
+-- the row is inserted; nothing runs after it but COMMIT, so the session's own setting needs no
+-- restore. A key recorded meanwhile (CheckKeyNotRecorded, sent with BEGIN, saw none) fails it with
+-- a unique violation of the events table's primary key, a concurrent delivery holding the key past
+-- the bound with SQLSTATE 55P03; either aborts the transaction, so COMMIT never runs and the job
+-- rolls back with it.
 INSERT INTO txhook_processed_events (source, event_key, event_type, status, payload, payload_hash, job_id)
-VALUES (@source, @event_key, @event_type, 'queued', sqlc.narg(payload), sqlc.narg(payload_hash), sqlc.arg(job_id)::bigint);
+SELECT @source::text, @event_key::text, @event_type::text, 'queued', sqlc.narg(payload)::bytea,
+       sqlc.narg(payload_hash)::bytea, sqlc.arg(job_id)::bigint
+FROM (SELECT set_config('lock_timeout', @lock_timeout::text, true) AS bound) AS b;
 
 -- name: LockQueuedEvent :one
 -- Locks an event for its job, waiting for a concurrent apply of the same event to end, and
