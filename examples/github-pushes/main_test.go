@@ -402,7 +402,10 @@ func TestInboxProcessKilledMidJob(t *testing.T) {
 		f.url = "http://" + addr + "/webhooks/github"
 		return cmd
 	}
-	cmd := start(txhooktest.CrashPointEnv + "=" + string(txhooktest.CrashInboxBeforeCommit))
+	// The job's try waits TRY_DELAY first, so that the 202 is out before the
+	// process dies: the job is fetched as soon as the accept commits and can
+	// otherwise reach its crash point before the answer is written.
+	cmd := start(txhooktest.CrashPointEnv+"="+string(txhooktest.CrashInboxBeforeCommit), "TRY_DELAY=300ms")
 	s, o := f.deliver(t, "d-mid-job", "push", testSecret, pushBody(t, "fff666", 2))
 	want(t, s, o, 202, "queued")
 	exited := make(chan error, 1)
