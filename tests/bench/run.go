@@ -589,8 +589,14 @@ func prepare(ctx context.Context, dbURL string) error {
 	return nil
 }
 
-// checkpoint flushes dirty buffers so that a cell does not pay for the
-// previous one's writes.
+// vacuumWait bounds how long checkpoint waits for autovacuum.
+const vacuumWait = 20 * time.Second
+
+// checkpoint waits, at most vacuumWait, until no autovacuum worker runs,
+// then flushes dirty buffers, so that a cell does not pay for the previous
+// ones' writes, nor for the vacuum they started (the inbox rows' updates of
+// River's job table, with its GIN index, start vacuums that run for
+// seconds: they fell on the rows after them).
 func checkpoint(ctx context.Context, dbURL string) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
@@ -598,6 +604,21 @@ func checkpoint(ctx context.Context, dbURL string) {
 		return
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	start := time.Now()
+	for {
+		var workers int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'").Scan(&workers); err != nil {
+			logf("checkpoint: %v", err)
+			break
+		}
+		if workers == 0 || time.Since(start) > vacuumWait {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		logf("waited %v for autovacuum before the cell", waited.Round(100*time.Millisecond))
+	}
 	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
 		logf("checkpoint: %v", err)
 	}
