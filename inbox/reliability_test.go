@@ -114,7 +114,11 @@ func TestShutdownOnLastAttemptKeepsTheEvent(t *testing.T) {
 			running := make(chan string, 2)
 			slow := func(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 				running <- ev.Key
-				_, err := tx.Exec(ctx, `SELECT pg_sleep(30)`) // until cancelled
+				// Until cancelled, or 3 s when the cancel request reaches
+				// the server before the statement does (it then cancels
+				// nothing, and the statement holds the event's row lock
+				// until it ends: the restarted inbox below waits for it).
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(3)`)
 				return err
 			}
 			s.routes.Inbox("github", "push", slow)
