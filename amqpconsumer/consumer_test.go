@@ -603,19 +603,7 @@ func TestDatabaseDownOnTheLastAttemptKeepsTheMessage(t *testing.T) {
 	b := setup(t)
 	rs := txhook.NewRoutes()
 	rs.Transactional("orders", "order.created", effect)
-	down, err := txhook.NewProcessor(unreachablePool(t), &txhook.Config{Routes: rs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seen atomic.Int32
-	c := b.consumer(t, down, amqpconsumer.Config{MaxAttempts: 2, Logger: slog.New(countingHandler{&seen})})
-	b.publish(t, amqp.Publishing{MessageId: "evt_9", Type: "order.created", Body: []byte(`{}`)})
-	eventually(t, "several deliveries past the last attempt", func() bool { return seen.Load() >= 4 })
-	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
-	defer cancel()
-	if err := c.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.throughOutage(t, rs, "evt_9", 4) // several deliveries past the last attempt
 	if s := b.status(t, "evt_9"); s != "" {
 		t.Fatalf("evt_9 is %q with the database down, want nothing recorded", s)
 	}
@@ -639,24 +627,32 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 		}
 		return effect(ctx, tx, ev)
 	})
+	b.throughOutage(t, rs, "evt_14", 3) // more deliveries in the outage than MaxAttempts
+	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{MaxAttempts: 2})
+	eventually(t, "evt_14 is settled once the database is back", func() bool { return b.status(t, "evt_14") != "" })
+	b.settled(t)
+	if s, n := b.status(t, "evt_14"), calls.Load(); s != "done" || n != 2 {
+		t.Fatalf("evt_14 is %q after %d handler calls, want done after 2 (an error, then a retry)", s, n)
+	}
+}
+
+// throughOutage publishes an order.created message keyed key and lets a
+// consumer (MaxAttempts 2) whose processor has rs but no reachable database
+// deliver it at least deliveries times, then stops that consumer.
+func (b *bundle) throughOutage(t *testing.T, rs *txhook.Routes, key string, deliveries int32) {
+	t.Helper()
 	down, err := txhook.NewProcessor(unreachablePool(t), &txhook.Config{Routes: rs})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var seen atomic.Int32
 	c := b.consumer(t, down, amqpconsumer.Config{MaxAttempts: 2, Logger: slog.New(countingHandler{&seen})})
-	b.publish(t, amqp.Publishing{MessageId: "evt_14", Type: "order.created", Body: []byte(`{}`)})
-	eventually(t, "more deliveries in the outage than MaxAttempts", func() bool { return seen.Load() >= 3 })
+	b.publish(t, amqp.Publishing{MessageId: key, Type: "order.created", Body: []byte(`{}`)})
+	eventually(t, fmt.Sprintf("%d deliveries of %s with the database down", deliveries, key), func() bool { return seen.Load() >= deliveries })
 	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
 	defer cancel()
 	if err := c.Stop(ctx); err != nil {
 		t.Fatal(err)
-	}
-	b.consumer(t, b.processor(t, rs), amqpconsumer.Config{MaxAttempts: 2})
-	eventually(t, "evt_14 is settled once the database is back", func() bool { return b.status(t, "evt_14") != "" })
-	b.settled(t)
-	if s, n := b.status(t, "evt_14"), calls.Load(); s != "done" || n != 2 {
-		t.Fatalf("evt_14 is %q after %d handler calls, want done after 2 (an error, then a retry)", s, n)
 	}
 }
 

@@ -594,9 +594,9 @@ const vacuumWait = 20 * time.Second
 
 // checkpoint waits, at most vacuumWait, until no autovacuum worker runs,
 // then flushes dirty buffers, so that a cell does not pay for the previous
-// ones' writes, nor for the vacuum they started (the inbox rows' updates of
-// River's job table, with its GIN index, start vacuums that run for
-// seconds: they fell on the rows after them).
+// ones' writes, nor, most likely, for the vacuum they started (after the
+// inbox rows, whose updates of River's job table and its GIN index start
+// vacuums, the next rows wrote WAL to River's tables they never touch).
 func checkpoint(ctx context.Context, dbURL string) {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
