@@ -49,14 +49,14 @@ func (r *report) describeInbox(p func(string, ...any)) {
 }
 
 // inboxTargets writes the inbox rows' targets.
-func (r *report) inboxTargets(p func(string, ...any), target func(string, float64, float64)) {
+func (r *report) inboxTargets(p func(string, ...any), target func(label, a, b string, c int, want float64)) {
 	for _, c := range r.opts.conc {
 		if c < 8 {
 			continue
 		}
-		target(fmt.Sprintf("inbox accept at concurrency %d vs the River inbox by hand", c), r.ratio(scenInboxAccept, scenRiverAccept, c), inboxAcceptTarget)
-		target(fmt.Sprintf("inbox end to end at concurrency %d vs the River inbox by hand, defaults of each", c), r.ratio(scenInboxE2E, scenRiverE2E, c), inboxE2ETarget)
-		target(fmt.Sprintf("inbox end to end on its defaults at concurrency %d vs tuned", c), r.ratio(scenInboxE2E, scenInboxE2ETuned, c), inboxDefaultsTarget)
+		target(fmt.Sprintf("inbox accept at concurrency %d vs the River inbox by hand", c), scenInboxAccept, scenRiverAccept, c, inboxAcceptTarget)
+		target(fmt.Sprintf("inbox end to end at concurrency %d vs the River inbox by hand, defaults of each", c), scenInboxE2E, scenRiverE2E, c, inboxE2ETarget)
+		target(fmt.Sprintf("inbox end to end on its defaults at concurrency %d vs tuned", c), scenInboxE2E, scenInboxE2ETuned, c, inboxDefaultsTarget)
 	}
 	if x, ok := r.find(scenInboxE2E, 8); ok {
 		verdict := "met"

@@ -58,6 +58,21 @@ type cell struct {
 	WALByRelation []walShare
 }
 
+// median returns the median of xs (the mean of the middle two when their
+// number is even), 0 for none.
+func median(xs []float64) float64 {
+	sorted := slices.Clone(xs)
+	slices.Sort(sorted)
+	n := len(sorted)
+	switch {
+	case n == 0:
+		return 0
+	case n%2 == 0:
+		return (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	return sorted[n/2]
+}
+
 // rate returns events per second.
 func (c cell) rate() float64 { return c.Rate }
 
@@ -89,14 +104,7 @@ func merge(name string, c int, rounds []sample) cell {
 		}
 	}
 	res.DB = db.per(total)
-	sorted := slices.Clone(res.Rates)
-	slices.Sort(sorted)
-	if n := len(sorted); n > 0 {
-		res.Rate = sorted[n/2]
-		if n%2 == 0 {
-			res.Rate = (sorted[n/2-1] + sorted[n/2]) / 2
-		}
-	}
+	res.Rate = median(res.Rates)
 	res.P50, res.P99 = percentiles(lat)
 	if res.Events > 0 {
 		n := float64(res.Events)

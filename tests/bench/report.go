@@ -100,14 +100,32 @@ func (r *report) find(s string, c int) (cell, bool) {
 	return cell{}, false
 }
 
-// ratio returns a/b's rates, 0 when either is missing.
+// ratio returns the median of a's rate over b's, round by round (see
+// roundRatios), 0 when either is missing.
 func (r *report) ratio(a, b string, c int) float64 {
+	return median(r.roundRatios(a, b, c))
+}
+
+// roundRatios returns a's rate over b's in each round at concurrency c:
+// rows of one round ran minutes apart at most, rows of different rounds
+// up to the whole concurrency's time apart, and the machine's speed drifts
+// by more than the differences measured (the rounds of one row spread by
+// up to 3× on a busy day). A ratio taken within each round cancels most of
+// that drift; a ratio of the rows' medians, taken from different rounds,
+// does not. None when either row is missing.
+func (r *report) roundRatios(a, b string, c int) []float64 {
 	x, ok1 := r.find(a, c)
 	y, ok2 := r.find(b, c)
-	if !ok1 || !ok2 || y.rate() == 0 {
-		return 0
+	if !ok1 || !ok2 {
+		return nil
 	}
-	return x.rate() / y.rate()
+	var out []float64
+	for i := range min(len(x.Rates), len(y.Rates)) {
+		if y.Rates[i] > 0 {
+			out = append(out, x.Rates[i]/y.Rates[i])
+		}
+	}
+	return out
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
@@ -120,10 +138,13 @@ func (r *report) markdown() string {
 	p("Written by `make bench` (`go run ./bench` in the tests module) on %s, run from %s to %s UTC.",
 		r.started.UTC().Format("2006-01-02"), r.started.UTC().Format("15:04:05"), r.finished.UTC().Format("15:04:05"))
 	p("Every row ran on the same PostgreSQL server, in one run. At each concurrency the rows ran in %d round(s), one after the", r.opts.rounds)
-	p("other within a round, so that a change in the machine's load touches every row alike; each round of a row measured")
-	p("%v after %v of warm-up, with a CHECKPOINT before it, once any autovacuum the earlier rows started had ended (waiting", r.opts.duration, r.opts.warmup)
-	p("%v at most). A row's events/s is the median of its rounds (all rounds are listed); its latencies, allocations", vacuumWait)
-	p("and CPU cover all its rounds. Numbers are from this run only; rerun `make bench` to reproduce them on your machine.")
+	p("other within a round (every other round in reverse order, so that two rows compared take turns running first), so")
+	p("that a change in the machine's load touches every row alike; each round of a row measured %v after %v of", r.opts.duration, r.opts.warmup)
+	p("warm-up, with a CHECKPOINT before it, once any autovacuum the earlier rows started had ended (waiting %v at most).", vacuumWait)
+	p("A row's events/s is the median of its rounds (all rounds are listed); its latencies, allocations and CPU cover all")
+	p("its rounds. A ratio of two rows is the median of their ratios round by round (each round's two rows ran minutes")
+	p("apart at most, where the machine's speed drifts far more across the rounds), so it can differ from the ratio of the")
+	p("two rows' events/s. Numbers are from this run only; rerun `make bench` to reproduce them on your machine.")
 	p("")
 	p("## Machine")
 	p("")
@@ -277,7 +298,10 @@ func (r *report) markdown() string {
 	p("")
 	p("Targets:")
 	p("")
-	target := func(label string, got, want float64) {
+	// target writes the ratio a/b at concurrency c against want, with the
+	// ratio of each round.
+	target := func(label, a, b string, c int, want float64) {
+		got := r.ratio(a, b, c)
 		verdict := "met"
 		if got < want {
 			verdict = "**missed**"
@@ -285,19 +309,23 @@ func (r *report) markdown() string {
 		if got == 0 {
 			verdict = "not measured"
 		}
-		p("- %s: %.2f× (target ≥ %.1f×): %s", label, got, want, verdict)
+		var rounds []string
+		for _, x := range r.roundRatios(a, b, c) {
+			rounds = append(rounds, fmt.Sprintf("%.2f", x))
+		}
+		p("- %s: %.2f× (target ≥ %.1f×): %s; rounds %s", label, got, want, verdict, strings.Join(rounds, ", "))
 	}
-	target("txhook library at concurrency 8 vs the limit", r.ratio(scenLibrary, scenLimit, 8), 0.9)
+	target("txhook library at concurrency 8 vs the limit", scenLibrary, scenLimit, 8, 0.9)
 	for _, c := range r.opts.conc {
-		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the limit", c), r.ratio(scenHTTP, scenLimit, c), 0.5)
+		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the limit", c), scenHTTP, scenLimit, c, 0.5)
 	}
 	for _, c := range r.opts.conc {
-		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library)", c), r.ratio(scenLibraryDup, scenLibrary, c), 2.5)
-		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library, no memory)", c), r.ratio(scenLibraryDupDB, scenLibrary, c), 2.5)
-		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), r.ratio(scenHTTPDup, scenHTTP, c), 2.5)
+		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library)", c), scenLibraryDup, scenLibrary, c, 2.5)
+		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (library, no memory)", c), scenLibraryDupDB, scenLibrary, c, 2.5)
+		target(fmt.Sprintf("duplicate path at concurrency %d vs new events (HTTP)", c), scenHTTPDup, scenHTTP, c, 2.5)
 	}
 	for _, c := range r.opts.conc {
-		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the baseline pgx HTTP", c), r.ratio(scenHTTP, scenBaselineHTTP, c), httpBaselineTarget)
+		target(fmt.Sprintf("txhook HTTP at concurrency %d vs the baseline pgx HTTP", c), scenHTTP, scenBaselineHTTP, c, httpBaselineTarget)
 		if h, ok1 := r.find(scenHTTP, c); ok1 {
 			if bl, ok2 := r.find(scenBaselineHTTP, c); ok2 && h.DB.HasPG && bl.DB.HasPG {
 				verdict := "met"
@@ -311,7 +339,7 @@ func (r *report) markdown() string {
 	}
 	for _, c := range r.opts.conc {
 		if _, ok := r.find(scenAMQP, c); ok {
-			target(fmt.Sprintf("txhook AMQP consumer at concurrency %d vs the hand-written one", c), r.ratio(scenAMQP, scenAMQPBaseline, c), amqpTarget)
+			target(fmt.Sprintf("txhook AMQP consumer at concurrency %d vs the hand-written one", c), scenAMQP, scenAMQPBaseline, c, amqpTarget)
 		}
 	}
 	r.inboxTargets(p, target)
