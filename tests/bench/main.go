@@ -61,6 +61,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured warm-up per round of a cell")
 	flag.BoolVar(&o.micro, "micro", true, "also run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "also profile the library and the example (pprof)")
+	flag.BoolVar(&o.rowCost, "rowcost", true, "also measure what the events row costs the server, part by part (CHECK constraints, indexes, the lock wait bound)")
 	flag.BoolVar(&o.inbox, "inbox", true, "also measure inbox mode (accept, end to end) and River's own rate")
 	flag.BoolVar(&o.amqp, "amqp", true, "also measure the RabbitMQ consumer beside a hand-written one (the machine's broker, or a node of the run's own)")
 	flag.BoolVar(&o.onlyInbox, "only-inbox", false, "measure only the inbox rows (a quick check; no ratios to the limit)")
@@ -143,6 +144,7 @@ type options struct {
 	warmup   time.Duration
 	micro    bool
 	profile  bool
+	rowCost  bool
 	// inbox adds the inbox rows; onlyInbox measures nothing else.
 	inbox, onlyInbox bool
 	// amqp adds the RabbitMQ rows, on amqpNode.

@@ -395,6 +395,7 @@ func (r *report) markdown() string {
 		}
 	}
 	r.walByRelation(p)
+	r.describeRowCost(p)
 	if r.profile.text != "" {
 		p("")
 		p("CPU profile of the Go process running the txhook library at concurrency %d, in a separate %v run after", r.profConc, profileDuration)

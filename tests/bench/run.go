@@ -68,6 +68,7 @@ type report struct {
 	dupProfile  profileSummary // the example under redeliveries at profConc
 	profConc    int
 	micro       string
+	rowCost     []rowCost // what the events row costs the server, part by part
 	payload     int
 }
 
@@ -143,6 +144,12 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		rep.add(cells...)
+	}
+	if o.rowCost && !o.onlyInbox && !o.onlyNATS && o.only == nil {
+		logf("what the events row costs the server")
+		if rep.rowCost, err = measureRowCost(ctx, o, dbURL); err != nil {
+			return fmt.Errorf("row cost: %w", err)
+		}
 	}
 	if o.profile {
 		rep.profConc = profileConcurrency
