@@ -32,9 +32,10 @@ const rowCostEvents = 3000
 type rowVariant struct {
 	name  string
 	table string // created before the run from create, dropped after
-	// create makes the table (its name is %s); insert writes the row
-	// ($1 the key, $2 the body).
+	// create makes the table (its name is %s); insert writes the row,
+	// with args (nil: the key and the body).
 	create, insert string
+	args           func(key string, body []byte) []any
 }
 
 // rowVariants are the row cost table's lines, txhook's first.
@@ -43,21 +44,22 @@ var rowVariants = []rowVariant{
 		name: "txhook's dedupe step (InsertEvent: the row, its lock wait bound)", table: "rowcost_full",
 		create: "CREATE TABLE %s (LIKE txhook_processed_events INCLUDING ALL)",
 		insert: strings.Replace(insertEventSQL, "txhook_processed_events", "rowcost_full", 1),
+		args:   func(key string, body []byte) []any { return append(rowArgs(key, body), "2000ms") },
 	},
 	{
 		name: "the same row, no lock wait bound", table: "rowcost_plain",
 		create: "CREATE TABLE %s (LIKE txhook_processed_events INCLUDING ALL)",
-		insert: plainRowInsert("rowcost_plain"),
+		insert: plainRowInsert("rowcost_plain"), args: rowArgs,
 	},
 	{
 		name: "… and no CHECK constraints", table: "rowcost_nochecks",
 		create: "CREATE TABLE %s (LIKE txhook_processed_events INCLUDING DEFAULTS INCLUDING INDEXES)",
-		insert: plainRowInsert("rowcost_nochecks"),
+		insert: plainRowInsert("rowcost_nochecks"), args: rowArgs,
 	},
 	{
 		name: "… and no secondary (partial) indexes: the primary key alone", table: "rowcost_pkonly",
 		create: "CREATE TABLE %s (LIKE txhook_processed_events INCLUDING DEFAULTS); ALTER TABLE %[1]s ADD PRIMARY KEY (source, event_key)",
-		insert: plainRowInsert("rowcost_pkonly"),
+		insert: plainRowInsert("rowcost_pkonly"), args: rowArgs,
 	},
 	{
 		name: "the baseline receiver's row (event id, payload, time)", table: "rowcost_baseline",
@@ -66,10 +68,16 @@ var rowVariants = []rowVariant{
 	},
 }
 
-// plainRowInsert is the events row's insert into table, without the bound.
+// plainRowInsert is InsertEvent's row insert into table, without the bound
+// (the same parameters but the bound's: rowArgs).
 func plainRowInsert(table string) string {
-	return "INSERT INTO " + table + " (source, event_key, event_type, status, completed_at, payload) " +
-		"VALUES ('stripe', $1, 'checkout.session.completed', 'done', now(), $2) ON CONFLICT (source, event_key) DO NOTHING"
+	return "INSERT INTO " + table + " AS e (source, event_key, event_type, status, completed_at, payload, payload_hash) " +
+		"SELECT $1::text, $2::text, $3::text, 'done', now(), $4::bytea, $5::bytea ON CONFLICT (source, event_key) DO NOTHING"
+}
+
+// rowArgs are the events row's values as txhook sends them.
+func rowArgs(key string, body []byte) []any {
+	return []any{"stripe", key, "checkout.session.completed", body, nil}
 }
 
 // rowCost is one line of the row cost table.
@@ -115,8 +123,8 @@ func measureRowCost(ctx context.Context, o options, dbURL string) (costs []rowCo
 			return nil, err
 		}
 		args := []any{key, body}
-		if v == 0 {
-			args = []any{"stripe", key, "checkout.session.completed", body, nil, "2000ms"}
+		if rowVariants[v].args != nil {
+			args = rowVariants[v].args(key, body)
 		}
 		start := time.Now()
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
