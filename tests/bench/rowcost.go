@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/txhook/txhook/examples/stripe-orders/ordersdb"
 )
 
 // What the events row costs the server, part by part. One connection
@@ -127,25 +124,14 @@ func measureRowCost(ctx context.Context, o options, dbURL string) (costs []rowCo
 			args = rowVariants[v].args(key, body)
 		}
 		start := time.Now()
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, rowVariants[v].insert, args...)
-			if err != nil {
-				return fmt.Errorf("insert the row: %w", err)
-			}
-			if tag.RowsAffected() != 1 {
-				return errors.New("insert the row: the key was recorded already")
-			}
-			q := ordersdb.New(tx)
-			return applyCheckout(ctx, q, q, c)
-		})
-		if err != nil {
+		if err := applyWithPgx(ctx, conn, c, rowVariants[v].insert, args...); err != nil {
 			return nil, fmt.Errorf("row cost, %s: %w", rowVariants[v].name, err)
 		}
 		lat[v] = append(lat[v], time.Since(start))
 	}
 	for v, l := range lat {
-		slices.Sort(l)
-		costs = append(costs, rowCost{name: rowVariants[v].name, median: l[len(l)/2]})
+		p50, _ := percentiles(l)
+		costs = append(costs, rowCost{name: rowVariants[v].name, median: p50})
 	}
 	return costs, nil
 }

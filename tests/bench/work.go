@@ -141,8 +141,17 @@ func processRawPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []b
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms")
+	return applyWithPgx(ctx, pool, c, insertEventSQL, "stripe", key, "checkout.session.completed", body, nil, "2000ms")
+}
+
+// applyWithPgx applies c in one transaction on db, each statement a round
+// trip of its own: the dedupe step's insert (insert with args), an error
+// when it inserts no row, then the example's writes.
+func applyWithPgx(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, c checkout, insert string, args ...any) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, insert, args...)
 		if err != nil {
 			return fmt.Errorf("insert event: %w", err)
 		}
