@@ -2,10 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txhook/txhook/internal/testdb"
 	"github.com/txhook/txhook/migrations"
@@ -236,4 +239,68 @@ func TestPayloadCompression(t *testing.T) {
 	if err := d.Pool.QueryRow(ctx, `SELECT length(payload) FROM txhook_processed_events WHERE event_key = 'k'`).Scan(&n); err != nil || n != len(big) {
 		t.Errorf("payload written under lz4 read back as %d bytes, %v; want %d", n, err, len(big))
 	}
+}
+
+// TestRowCheck: the events table refuses a row that breaks any of the four
+// rules of its row check (0016), on insert and on update, and takes the rows
+// txhook writes; 0016's down migration puts back the four constraints it
+// replaced, which refuse the same rows.
+func TestRowCheck(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	good := []string{
+		`('s', 'done', 'done', 1, now(), NULL)`,
+		`('s', 'failed', 'failed', 1, now(), NULL)`,
+		`('s', 'queued', 'queued', 1, NULL, NULL)`,
+		`('s', 'claimed', 'in_progress', 3, NULL, now())`,
+	}
+	bad := map[string]string{
+		"an unknown status":             `('s', 'x', 'bogus', 1, now(), NULL)`,
+		"no attempt":                    `('s', 'x', 'done', 0, now(), NULL)`,
+		"a claim without a lease":       `('s', 'x', 'in_progress', 1, NULL, NULL)`,
+		"a done event without its time": `('s', 'x', 'done', 1, NULL, NULL)`,
+		"a failure without its time":    `('s', 'x', 'failed', 1, NULL, NULL)`,
+	}
+	const insert = `INSERT INTO txhook_processed_events (source, event_key, status, attempts, completed_at, lease_expires_at) VALUES `
+	check := func(stage string) {
+		t.Helper()
+		for _, row := range good {
+			if _, err := d.Pool.Exec(ctx, insert+row); err != nil {
+				t.Errorf("%s: %s refused: %v", stage, row, err)
+			}
+		}
+		for what, row := range bad {
+			_, err := d.Pool.Exec(ctx, insert+row)
+			if pe, ok := errors.AsType[*pgconn.PgError](err); !ok || pe.Code != "23514" {
+				t.Errorf("%s: %s (%s) answered %v, want a check violation (23514)", stage, what, row, err)
+			}
+		}
+		// An update is checked too: a done event's time taken away.
+		_, err := d.Pool.Exec(ctx, `UPDATE txhook_processed_events SET completed_at = NULL WHERE event_key = 'done'`)
+		if pe, ok := errors.AsType[*pgconn.PgError](err); !ok || pe.Code != "23514" {
+			t.Errorf("%s: update of a done event's time to NULL answered %v, want a check violation (23514)", stage, err)
+		}
+		if _, err := d.Pool.Exec(ctx, `DELETE FROM txhook_processed_events`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after Up")
+	var valid bool
+	if err := d.Pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conname = 'txhook_processed_events_row_check'`).Scan(&valid); err != nil || !valid {
+		t.Errorf("row check validated = %v, %v after Up; want validated", valid, err)
+	}
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps := int(latest) - 15; steps > 0 {
+		if err := migrations.Down(ctx, d.URL, steps); err != nil {
+			t.Fatalf("Down %d: %v", steps, err)
+		}
+	}
+	check("after 0016's down migration")
 }
