@@ -122,5 +122,6 @@
 //
 // Every delivery is logged once through Config.Logger (source, key, type,
 // outcome, status, duration, and the error for rejected or failed
-// deliveries; never secrets or payloads) and reported to Config.Observer.
+// deliveries; never secrets or payloads) and reported to Config.Observer,
+// after its answer has been sent.
 package handler
