@@ -122,6 +122,7 @@
 //
 // Every delivery is logged once through Config.Logger (source, key, type,
 // outcome, status, duration, and the error for rejected or failed
-// deliveries; never secrets or payloads) and reported to Config.Observer,
-// after its answer has been sent.
+// deliveries; never secrets or payloads) and reported to Config.Observer
+// before its answer is complete: a sender (or a test) that has the answer
+// finds the delivery logged and observed.
 package handler

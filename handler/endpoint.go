@@ -222,12 +222,6 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", strconv.FormatInt(retrySeconds(a.retryAfter), 10))
 	}
 	writeJSON(w, a.status, a.outcome)
-	// The answer goes out before the delivery is logged and observed: a
-	// slow log sink or observer delays the next delivery on this
-	// connection, not this one's answer (a sender that times out would
-	// send the event again). Not every ResponseWriter can flush (a test
-	// recorder can): then the server sends it when ServeHTTP returns.
-	_ = http.NewResponseController(w).Flush()
 	e.report(r.Context(), Report{
 		Source:   e.source,
 		Key:      clip.Reported(d.Key),
@@ -366,17 +360,13 @@ var messages = map[Answer]string{
 	AnswerUnavailable:          "service unavailable; retry later",
 }
 
-// writeJSON writes the answer's JSON body (see answerBody) with its status
-// and its length, so that flushing it before ServeHTTP returns sends it
-// whole, not chunked.
+// writeJSON writes the answer's JSON body (see answerBody) with its status.
 func writeJSON(w http.ResponseWriter, status int, o Answer) {
-	body := answerBody(status, o)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	w.Write(body)
+	w.Write(answerBody(status, o))
 }
 
 // answerBody returns {"status":"<outcome>"} for 2xx answers and
