@@ -4,7 +4,9 @@
 -- writes the table; the four, with their lists of status names, cost the server more than anything
 -- else in the dedupe step's insert. Measured on PostgreSQL 15 with callgrind (the server's
 -- instructions per event of the stripe-orders example, its five statements one round trip each):
--- 501,000-504,000 with the four, 428,000-430,000 with this one. A PL/pgSQL function is compiled once per
+-- 501,000-504,000 with the four, 428,000-430,000 with this one; in time, the insert's mean
+-- execution (pg_stat_statements, one connection, the variants taking turns) went from 33.9 to
+-- 29.1 microseconds, against 23.5 with no CHECK at all. A PL/pgSQL function is compiled once per
 -- session, and the constraint calling it is short to read back. Not a SQL function: PostgreSQL
 -- would inline its body into the constraint, and parse it, for every statement.
 --
