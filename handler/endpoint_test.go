@@ -122,7 +122,8 @@ func fallbackOnly(source string) *txhook.Config {
 }
 
 // newEnv starts a server with the endpoint cfg (Source, Provider and the
-// defaults of the tests filled in) on a fresh database. Without
+// defaults of the tests filled in; the Observer, when cfg has none) on a
+// fresh database. Without
 // pcfg.Routes, the processor has testRoutes for cfg.Source.
 func newEnv(t *testing.T, cfg handler.Config, pcfg *txhook.Config) *env {
 	t.Helper()
@@ -150,7 +151,9 @@ func newEnvPool(t *testing.T, pool, procDB *pgxpool.Pool, cfg handler.Config, pc
 		t.Fatal(err)
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg.Observer = e.reps
+	if cfg.Observer == nil { // a test's own observer, or the reports every other test reads
+		cfg.Observer = e.reps
+	}
 	cfg.Now = func() time.Time { return now }
 	ep, err := handler.New(proc, &cfg)
 	if err != nil {

@@ -3,16 +3,12 @@ package handler_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/txhook/txhook"
 	"github.com/txhook/txhook/handler"
-	"github.com/txhook/txhook/internal/testdb"
 )
 
 // blockingObserver holds every report until release is closed.
@@ -32,28 +28,9 @@ func (o *blockingObserver) ObserveDelivery(_ context.Context, r handler.Report) 
 // answer does.
 func TestReportBeforeAnswer(t *testing.T) {
 	t.Parallel()
-	d := testdb.New(t)
-	proc, err := txhook.NewProcessor(d.Pool, fallbackOnly("stripe"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.Pool.Exec(t.Context(), `CREATE TABLE effects (
-		source text NOT NULL, event_key text NOT NULL, event_type text NOT NULL,
-		UNIQUE (source, event_key))`); err != nil {
-		t.Fatal(err)
-	}
 	obs := &blockingObserver{got: make(chan handler.Report, 1), release: make(chan struct{})}
 	p := &handler.Stripe{Secrets: []string{stripeSecret}}
-	ep, err := handler.New(proc, &handler.Config{
-		Source: "stripe", Provider: p, Observer: obs,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now:    func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(ep)
-	defer srv.Close()
+	e := newEnv(t, handler.Config{Source: "stripe", Provider: p, Observer: obs}, fallbackOnly("stripe"))
 	released := false
 	release := func() {
 		if !released {
@@ -61,7 +38,7 @@ func TestReportBeforeAnswer(t *testing.T) {
 			close(obs.release)
 		}
 	}
-	defer release() // before srv.Close, which waits for the handler
+	defer release() // before the server's cleanup, which waits for the handler
 
 	body := stripeEvent("evt_report_first", "invoice.paid")
 	h := http.Header{}
@@ -75,13 +52,13 @@ func TestReportBeforeAnswer(t *testing.T) {
 	}
 	answers := make(chan answer, 1)
 	go func() {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.srv.URL, strings.NewReader(body))
 		if err != nil {
 			answers <- answer{err: err}
 			return
 		}
 		req.Header = h
-		resp, err := srv.Client().Do(req)
+		resp, err := e.srv.Client().Do(req)
 		if err != nil {
 			answers <- answer{err: err}
 			return
