@@ -27,6 +27,10 @@ import (
 //	if err := q.InsertOrder(ctx, order); err != nil { ... }
 //	if err := later.AddCustomerSpend(ctx, spend); err != nil { ... }
 //
+// Under Config.DedupeWithFirstStatement, a handler that defers every write
+// costs one round trip: its writes travel with BEGIN, the dedupe step and
+// COMMIT, and the server skips them when the key is not new.
+//
 // A queued statement that fails fails the delivery whatever the handler
 // returns: its transaction rolls back, and Process returns the error, so
 // the sender retries (a serialization failure retries the transaction).

@@ -47,7 +47,10 @@
 // first statement joins that first round trip (the handler then starts
 // before its key is known to be new; see the field). Writes a handler sends
 // through Deferred(tx) need no round trip of their own: they travel with its
-// next statement or with COMMIT. Both hold on every path alike: Process on
+// next statement or with COMMIT. A handler whose writes are all deferred,
+// under that option, costs one round trip: BEGIN, the dedupe step, its
+// writes and COMMIT together (for a key that is not new the dedupe step
+// fails and the server skips the rest). These hold on every path alike: Process on
 // any database, ProcessTx, lease mode's phase two, the inbox's apply,
 // Replay, Run and RunTx, which all run through one transaction engine. The
 // duplicate filter (Config.RecentKeys) answers Process's redeliveries of keys
@@ -126,7 +129,9 @@
 //     transaction), lease (under a claim) or inbox (accepted first, applied
 //     by a job, in either of the other two).
 //   - dedupe step: the statement that records a key in the events table in
-//     the delivery's transaction, and answers new, duplicate or in flight.
+//     the delivery's transaction, and answers new, duplicate or in flight
+//     (for a key that is not new it fails, aborting the transaction, so
+//     nothing sent after it can commit).
 //   - settled: a key whose row is done or failed; a delivery of it is a
 //     duplicate.
 //   - done: settled with its effects committed. failed: settled after a

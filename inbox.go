@@ -119,10 +119,6 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 	return Result{}, err
 }
 
-// sqlstateKeyExists is the SQLSTATE with which CheckKeyNotRecorded
-// (txhook_raise_key_recorded) answers a key that is already recorded.
-const sqlstateKeyExists = "P0T01"
-
 // eventsKey is the events table's primary key, (source, event_key).
 const eventsKey = "txhook_processed_events_pkey"
 

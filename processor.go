@@ -108,15 +108,17 @@ type Config struct {
 	// of one round trip before the handler runs: a new event costs one
 	// round trip fewer. The handler then starts before its key is known to
 	// be new. When the key is already committed or held by another
-	// delivery, its first statement runs and is rolled back, that statement
-	// and every later one return ErrNotNew, and the outcome is duplicate or
-	// in flight whatever the handler returns. For such a key the statements
-	// sent with the dedupe step wait on locks at most LockTimeout, as the
-	// dedupe step does (a duplicate never waits long on a business row the
-	// first delivery holds); for a new key they run under the session's own
-	// lock_timeout, which the dedupe step restores as it records the key (a
-	// handler whose first statement sets lock_timeout itself keeps its own
-	// setting). Use it
+	// delivery, the dedupe step fails and the server skips the statements
+	// sent with it: that statement and every later one return ErrNotNew,
+	// nothing of the handler runs in the database, and the outcome is
+	// duplicate or in flight whatever the handler returns. For a new key
+	// they run under the session's own lock_timeout, which the dedupe step
+	// restores as it records the key (a handler whose first statement sets
+	// lock_timeout itself keeps its own setting). A handler whose writes
+	// are all deferred (Deferred) then costs one round trip in all on a
+	// pool or a connection: BEGIN, the dedupe step, its writes and COMMIT
+	// travel together (the crash point after-insert is then reached once
+	// that round trip has answered, COMMIT included). Use it
 	// for handlers that do nothing but decode, check and write through tx
 	// (what a transactional handler should do): code before their first
 	// statement runs for every delivery. A handler's first
@@ -162,9 +164,9 @@ type Config struct {
 // together; then come the handler's statements; the handler's deferred
 // writes (Deferred) travel with its next statement or with COMMIT. A new
 // event whose handler makes one write costs three round trips, two with
-// Config.DedupeWithFirstStatement; a duplicate three (the dedupe step,
-// ROLLBACK, and the read of a lease-mode claim that would make it in
-// flight). ProcessTx does the same under a savepoint of the caller's
+// Config.DedupeWithFirstStatement, and one when that write is deferred; a
+// duplicate three (the dedupe step, ROLLBACK, and the read of a lease-mode
+// claim that would make it in flight). ProcessTx does the same under a savepoint of the caller's
 // transaction; any other Beginner adds its own BEGIN. While more than half
 // of the recent deliveries were duplicates, as in a provider's redelivery
 // storm, Process first reads the key's status outside any transaction: a
@@ -305,6 +307,7 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 			return err
 		},
 		WithFirstStatement: p.dedupeWithFirst,
+		FirstAborts:        true, // InsertEvent fails for a recorded key
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			herr = p.handled(h(ctx, tx, ev))
 			return herr
@@ -343,7 +346,7 @@ func (p *Processor) apply(ctx context.Context, at engine.Target, ev Event, h Han
 // errRollback: for a key found recorded (recorded; recordedKey then
 // answers), or held by a delivery still running (in flight).
 func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (notNew Result, recorded bool, err error) {
-	n, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
+	err = db.New(q).InsertEvent(ctx, db.InsertEventParams{
 		Source:      ev.Source,
 		EventKey:    ev.Key,
 		EventType:   ev.Type,
@@ -352,12 +355,12 @@ func (p *Processor) dedupe(ctx context.Context, q engine.Querier, ev Event) (not
 		LockTimeout: p.lockTimeout,
 	})
 	switch {
+	case isKeyRecorded(err):
+		return Result{}, true, errRollback
 	case isLockTimeout(err):
 		return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, false, errRollback
 	case err != nil:
 		return Result{}, false, fmt.Errorf("insert event key: %w", err)
-	case n == 0:
-		return Result{}, true, errRollback
 	}
 	p.crash.At(crash.AfterInsert)
 	return Result{}, false, nil
@@ -463,6 +466,18 @@ func errorText(err error) string {
 		out = append(out, r)
 	}
 	return string(out)
+}
+
+// sqlstateKeyExists is the SQLSTATE with which txhook_raise_key_recorded
+// answers a key that is already recorded: the dedupe step's (InsertEvent)
+// and inbox mode's accept check's (CheckKeyNotRecorded) answer.
+const sqlstateKeyExists = "P0T01"
+
+// isKeyRecorded reports whether err is txhook_raise_key_recorded's: the
+// key is recorded, and the statement aborted its transaction.
+func isKeyRecorded(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == sqlstateKeyExists
 }
 
 // isLockTimeout reports whether err is a bounded wait that ran out, which

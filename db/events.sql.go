@@ -82,15 +82,19 @@ func (q *Queries) InFlightLease(ctx context.Context, arg InFlightLeaseParams) (p
 	return lease_expires_at, err
 }
 
-const insertEvent = `-- name: InsertEvent :execrows
-INSERT INTO txhook_processed_events AS e
-    (source, event_key, event_type, status, completed_at, payload, payload_hash)
-SELECT $1::text, $2::text, $3::text, 'done', now(),
-       $4::bytea, $5::bytea
-FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved,
-             set_config('lock_timeout', $6::text, true) AS bound) AS b
-ON CONFLICT (source, event_key) DO NOTHING
-RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)
+const insertEvent = `-- name: InsertEvent :exec
+WITH inserted AS (
+    INSERT INTO txhook_processed_events AS e
+        (source, event_key, event_type, status, completed_at, payload, payload_hash)
+    SELECT $1::text, $2::text, $3::text, 'done', now(),
+           $4::bytea, $5::bytea
+    FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved,
+                 set_config('lock_timeout', $6::text, true) AS bound) AS b
+    ON CONFLICT (source, event_key) DO NOTHING
+    RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)
+)
+SELECT txhook_raise_key_recorded($1::text, $2::text)
+WHERE NOT EXISTS (SELECT FROM inserted)
 `
 
 type InsertEventParams struct {
@@ -103,16 +107,17 @@ type InsertEventParams struct {
 }
 
 // The transactional mode's dedupe step: one row inserted, the key is new and this transaction owns
-// it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A recorded key
-// takes no row lock and writes nothing. A concurrent delivery of the key that has not committed
-// makes it wait, at most @lock_timeout: the statement bounds its own wait (the subquery saves the
-// session's lock_timeout and sets the bound before the row is inserted; a wait past it raises
-// SQLSTATE 55P03, lock_not_available: in flight) and restores the session's setting once the row
-// is in (RETURNING), so that a new key's handler runs under its own setting. For a key that is
-// not new the bound stays, for the statements sent with this one (Config.DedupeWithFirstStatement),
-// until the transaction, rolled back, ends.
-func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (int64, error) {
-	result, err := q.db.Exec(ctx, insertEvent,
+// it. A recorded key takes no row lock and writes nothing, and the statement fails with SQLSTATE
+// P0T01 (txhook_raise_key_recorded, as inbox mode's accept check; InFlightLease then tells in
+// flight from duplicate): the transaction is aborted, so the server skips every statement sent
+// after it in the same round trip, COMMIT included, and nothing can commit for that key. A
+// concurrent delivery of the key that has not committed makes it wait, at most @lock_timeout: the
+// statement bounds its own wait (the subquery saves the session's lock_timeout and sets the bound
+// before the row is inserted; a wait past it raises SQLSTATE 55P03, lock_not_available: in flight)
+// and restores the session's setting once the row is in (RETURNING), so that a new key's handler
+// runs under its own setting.
+func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) error {
+	_, err := q.db.Exec(ctx, insertEvent,
 		arg.Source,
 		arg.EventKey,
 		arg.EventType,
@@ -120,10 +125,7 @@ func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (int64
 		arg.PayloadHash,
 		arg.LockTimeout,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
 }
 
 const insertFailedEvent = `-- name: InsertFailedEvent :execrows

@@ -1,21 +1,26 @@
--- name: InsertEvent :execrows
+-- name: InsertEvent :exec
 -- The transactional mode's dedupe step: one row inserted, the key is new and this transaction owns
--- it; none, the key is recorded (InFlightLease then tells in flight from duplicate). A recorded key
--- takes no row lock and writes nothing. A concurrent delivery of the key that has not committed
--- makes it wait, at most @lock_timeout: the statement bounds its own wait (the subquery saves the
--- session's lock_timeout and sets the bound before the row is inserted; a wait past it raises
--- SQLSTATE 55P03, lock_not_available: in flight) and restores the session's setting once the row
--- is in (RETURNING), so that a new key's handler runs under its own setting. For a key that is
--- not new the bound stays, for the statements sent with this one (Config.DedupeWithFirstStatement),
--- until the transaction, rolled back, ends.
-INSERT INTO txhook_processed_events AS e
-    (source, event_key, event_type, status, completed_at, payload, payload_hash)
-SELECT @source::text, @event_key::text, @event_type::text, 'done', now(),
-       sqlc.narg(payload)::bytea, sqlc.narg(payload_hash)::bytea
-FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved,
-             set_config('lock_timeout', @lock_timeout::text, true) AS bound) AS b
-ON CONFLICT (source, event_key) DO NOTHING
-RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true);
+-- it. A recorded key takes no row lock and writes nothing, and the statement fails with SQLSTATE
+-- P0T01 (txhook_raise_key_recorded, as inbox mode's accept check; InFlightLease then tells in
+-- flight from duplicate): the transaction is aborted, so the server skips every statement sent
+-- after it in the same round trip, COMMIT included, and nothing can commit for that key. A
+-- concurrent delivery of the key that has not committed makes it wait, at most @lock_timeout: the
+-- statement bounds its own wait (the subquery saves the session's lock_timeout and sets the bound
+-- before the row is inserted; a wait past it raises SQLSTATE 55P03, lock_not_available: in flight)
+-- and restores the session's setting once the row is in (RETURNING), so that a new key's handler
+-- runs under its own setting.
+WITH inserted AS (
+    INSERT INTO txhook_processed_events AS e
+        (source, event_key, event_type, status, completed_at, payload, payload_hash)
+    SELECT @source::text, @event_key::text, @event_type::text, 'done', now(),
+           sqlc.narg(payload)::bytea, sqlc.narg(payload_hash)::bytea
+    FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved,
+                 set_config('lock_timeout', @lock_timeout::text, true) AS bound) AS b
+    ON CONFLICT (source, event_key) DO NOTHING
+    RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)
+)
+SELECT txhook_raise_key_recorded(@source::text, @event_key::text)
+WHERE NOT EXISTS (SELECT FROM inserted);
 
 -- name: InFlightLease :one
 -- The lease of a lease-mode claim holding the key, read after the dedupe step found the key

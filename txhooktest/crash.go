@@ -20,7 +20,11 @@ type CrashPoint = crash.Point
 const (
 	// CrashAfterInsert: the dedupe row is inserted, the handler has not run
 	// (under txhook.Config.DedupeWithFirstStatement: has sent only its
-	// first statement, with the insert). Nothing is committed.
+	// first statement, with the insert). Nothing is committed. When the
+	// insert travelled with COMMIT (under that option, a handler whose
+	// writes are all deferred: one round trip), it is known inserted only
+	// once committed, after CrashBeforeCommit: the process dies then,
+	// before the caller is told.
 	CrashAfterInsert = crash.AfterInsert
 	// CrashAfterHandler: the handler returned nil, nothing is committed.
 	CrashAfterHandler = crash.AfterHandler

@@ -70,9 +70,10 @@ func badObject(ev txhook.Event, what string) error {
 // checkoutSessionCompleted records the order and adds its amount to the
 // customer's total. The total's update is deliberately not idempotent: it is
 // correct only because the event's key commits in the same transaction, so
-// a redelivered event never reaches it. The handler needs no answer from it,
-// so it is deferred (txhook.Deferred): it travels with COMMIT instead of
-// costing a round trip of its own.
+// a redelivered event never reaches it. The handler needs no answer from
+// either write, so both are deferred (txhook.Deferred): with the dedupe step
+// sent with the handler's first statement (routes.go), they travel with
+// BEGIN, the dedupe step and COMMIT, one round trip for the event.
 func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	cs, err := object[checkoutSession](ev)
 	if err != nil {
@@ -88,7 +89,8 @@ func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) e
 	if cs.Customer != nil && *cs.Customer != "" {
 		customer = pgtype.Text{String: *cs.Customer, Valid: true}
 	}
-	if _, err := ordersdb.New(tx).InsertOrder(ctx, ordersdb.InsertOrderParams{
+	later := ordersdb.New(txhook.Deferred(tx))
+	if _, err := later.InsertOrder(ctx, ordersdb.InsertOrderParams{
 		CheckoutSessionID: cs.ID,
 		CustomerID:        customer,
 		AmountTotal:       *cs.AmountTotal,
@@ -98,7 +100,7 @@ func checkoutSessionCompleted(ctx context.Context, tx pgx.Tx, ev txhook.Event) e
 	if !customer.Valid {
 		return nil // a guest checkout: no customer total to keep
 	}
-	if err := ordersdb.New(txhook.Deferred(tx)).AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{
+	if err := later.AddCustomerSpend(ctx, ordersdb.AddCustomerSpendParams{
 		ID:     customer.String,
 		Amount: *cs.AmountTotal,
 	}); err != nil {

@@ -447,13 +447,13 @@ func TestLoadConfig(t *testing.T) {
 }
 
 // TestCheckoutRoundTrips: a new checkout.session.completed costs the example
-// two round trips (BEGIN, the dedupe step and the order insert; then the
-// deferred total update and COMMIT), a guest checkout's no deferred
-// statement, and its effects are all committed.
+// one round trip (BEGIN, the dedupe step, the deferred order insert and
+// total update, COMMIT), a guest checkout's no total update, and its effects
+// are all committed; a redelivery's writes are skipped by the server.
 func TestCheckoutRoundTrips(t *testing.T) {
 	tdb := testdb.New(t, template)
 	pool, rt := pgtrace.Pool(t, tdb.URL)
-	h, _, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h, proc, err := newHandler(pool, config{DatabaseURL: tdb.URL, WebhookSecret: testSecret}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func TestCheckoutRoundTrips(t *testing.T) {
 
 	code, out := f.deliver(t, checkout(t, "evt_rt_1", "cs_rt_1", "cus_rt", 250))
 	wantAnswer(t, code, out, http.StatusOK, "processed")
-	want := [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"AddCustomerSpend", "commit"}}
+	want := [][]string{{"begin", "InsertEvent", "InsertOrder", "AddCustomerSpend", "commit"}}
 	if got := rt.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("checkout: round trips %q, want %q", got, want)
 	}
@@ -473,11 +473,26 @@ func TestCheckoutRoundTrips(t *testing.T) {
 
 	code, out = f.deliver(t, checkout(t, "evt_rt_2", "cs_rt_2", nil, 250))
 	wantAnswer(t, code, out, http.StatusOK, "processed")
-	want = [][]string{{"begin", "InsertEvent", "InsertOrder"}, {"commit"}}
+	want = [][]string{{"begin", "InsertEvent", "InsertOrder", "commit"}}
 	if got := rt.Take(); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("guest checkout: round trips %q, want %q", got, want)
 	}
 	if n := f.count(t, "SELECT count(*) FROM orders WHERE checkout_session_id = 'cs_rt_2'"); n != 1 {
 		t.Errorf("guest order rows = %d, want 1", n)
+	}
+
+	// The first checkout again: the same round trip, whose dedupe step
+	// fails, so the server skips the writes and COMMIT; then the
+	// ROLLBACK and the read of a lease-mode claim. (The processor forgets
+	// the keys it saw done, as another process would not know them.)
+	proc.ForgetRecentKeys()
+	code, out = f.deliver(t, checkout(t, "evt_rt_1", "cs_rt_1", "cus_rt", 250))
+	wantAnswer(t, code, out, http.StatusOK, "duplicate")
+	want = [][]string{{"begin", "InsertEvent", "InsertOrder", "AddCustomerSpend", "commit"}, {"rollback"}, {"InFlightLease"}}
+	if got := rt.Take(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("duplicate checkout: round trips %q, want %q", got, want)
+	}
+	if got := f.total(t, "cus_rt"); got != 250 {
+		t.Errorf("total spent after the redelivery = %d, want 250", got)
 	}
 }

@@ -62,8 +62,9 @@ func newProcessor(pool *pgxpool.Pool, cfg config) (*txhook.Processor, error) {
 	// failed can be replayed by an operator. The handlers only decode, check
 	// and write through their transaction, so the dedupe step can travel
 	// with their first statement (DedupeWithFirstStatement): one round trip
-	// fewer per event. With the write checkout.session.completed defers to
-	// COMMIT, one of those events costs two round trips.
+	// fewer per event. checkout.session.completed defers both its writes,
+	// so one of those events costs one round trip: BEGIN, the dedupe step,
+	// the writes and COMMIT.
 	proc, err := txhook.NewProcessor(pool, &txhook.Config{
 		Routes:                   routes(cfg),
 		StorePayload:             true,

@@ -26,7 +26,10 @@ type Point string
 const (
 	// AfterInsert: the dedupe row is inserted, the handler has not run
 	// (under txhook.Config.DedupeWithFirstStatement: has sent only its first
-	// statement, with the insert). Nothing is committed.
+	// statement, with the insert). Nothing is committed. When the insert
+	// travelled with COMMIT (under that option, a handler whose writes are
+	// all deferred: one round trip), it is known inserted only once
+	// committed: the process dies then, before the caller is told.
 	AfterInsert Point = "after-insert"
 	// AfterHandler: the handler returned nil, nothing is committed.
 	AfterHandler Point = "after-handler"

@@ -90,28 +90,10 @@ func TestCommitWithLostConnectionIsUnknown(t *testing.T) {
 // committed". Here it was applied.
 func TestCommitBatchLostIsUnknown(t *testing.T) {
 	e := setup(t)
-	cfg, err := pgxpool.ParseConfig(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const key = "lost-1"
 	committed := func() bool { return e.effects(t, key) == 1 }
-	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	proxy := cutProxy(t, addr, []byte("lost_commit_batch"), committed)
-	host, port, _ := net.SplitHostPort(proxy)
-	p64, _ := strconv.ParseUint(port, 10, 16)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p64)
-	cfg.ConnConfig.Fallbacks = nil
-	cfg.ConnConfig.TLSConfig = nil
-	// The statement's text travels with its execution (no separate prepare),
-	// so that the proxy cuts at the COMMIT batch.
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	err = runTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
+	pool := cutPool(t, e, "lost_commit_batch", committed)
+	err := runTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
 		var id int64
 		if err := tx.QueryRow(ctx, "SELECT 42::bigint").Scan(&id); err != nil {
 			return err
@@ -125,6 +107,59 @@ func TestCommitBatchLostIsUnknown(t *testing.T) {
 	if !committed() {
 		t.Fatal("the proxy cut the connection before the server committed: the test proves nothing")
 	}
+}
+
+// A connection lost while the answers to the one round trip of a run whose
+// body only deferred its writes (BEGIN, the dedupe step, the deferred write
+// and COMMIT, Spec.FirstAborts) are read: COMMIT may have run, so the error
+// is a commit of unknown outcome, never "unavailable" or a failure to
+// begin. Here it ran; the pool's second try (a session found closed is
+// replaced once) is cut too.
+func TestCommitWithFirstLostIsUnknown(t *testing.T) {
+	e := setup(t)
+	const key = "lost-one-trip"
+	committed := func() bool { return e.effects(t, key) == 1 }
+	pool := cutPool(t, e, "lost_one_trip", committed)
+	_, err := delivery{withFirst: true}.run(t.Context(), engine.Begin(pool), key, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := engine.Deferred(tx).Exec(ctx, "INSERT INTO effects (event_key, note) VALUES ($1, 'lost_one_trip')", key)
+		return err
+	})
+	if !errors.Is(err, engine.ErrCommitUnknown) || errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("run = %v, want a commit of unknown outcome (not unavailable)", err)
+	}
+	if !committed() {
+		t.Fatal("the proxy cut the connection before the server committed: the test proves nothing")
+	}
+	delivery{withFirst: true}.must(t, e.pool, key, insertEffect(key), duplicate)
+	if n := e.effects(t, key); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+}
+
+// cutPool returns a pool whose connections go through a cutProxy to e's
+// database (see cutProxy for marker and sent).
+func cutPool(t *testing.T, e *env, marker string, sent func() bool) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	proxy := cutProxy(t, addr, []byte(marker), sent)
+	host, port, _ := net.SplitHostPort(proxy)
+	p64, _ := strconv.ParseUint(port, 10, 16)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p64)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil
+	// A statement's text travels with its execution (no separate prepare),
+	// so that the proxy cuts at the batch that carries it.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // cutProxy forwards connections to target until a client's write holds

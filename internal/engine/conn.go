@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,8 +72,12 @@ func (c *connTx) sendBatch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults,
 	return br, nil
 }
 
-// acquire returns the connection the transaction runs on.
+// acquire returns the connection the transaction runs on: on a pool, the
+// one it holds, or one it acquires.
 func (c *connTx) acquire(ctx context.Context) (*pgx.Conn, error) {
+	if c.pooled != nil {
+		return c.pooled.Conn(), nil
+	}
 	switch d := c.db.(type) {
 	case *pgxpool.Pool:
 		pc, err := d.Acquire(ctx)
@@ -93,6 +98,9 @@ func (c *connTx) acquire(ctx context.Context) (*pgx.Conn, error) {
 // one batch, under cctx (deferred statements that begin the transaction,
 // when nothing else was sent, go under bctx).
 func (c *connTx) commit(bctx, cctx context.Context) error {
+	if c.first.fn != nil {
+		return c.commitWithFirst(bctx, cctx)
+	}
 	if ended, err := c.commitStart(bctx, cctx); ended {
 		return commitError(err)
 	}
@@ -150,6 +158,99 @@ func (c *connTx) commitQueued(ctx context.Context) error {
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
+}
+
+// commitWithFirst sends the whole run in one round trip, when the body sent
+// nothing but deferred statements and the first step's statement aborts
+// the transaction whenever it stops the run (Spec.FirstAborts): BEGIN, that
+// statement, the deferred statements and COMMIT. A stop, or a failed
+// deferred statement, makes the server skip what follows, COMMIT
+// included. The connection is acquired under bctx, as a first batch's is;
+// the batch carries COMMIT, so it is sent under cctx.
+//
+// A pooled session found ended when BEGIN is read is replaced and the
+// batch sent again, as any first batch (see sendBegin): should the first
+// try have committed after all, the first step of the second stops it.
+func (c *connTx) commitWithFirst(bctx, cctx context.Context) error {
+	if _, err := c.acquire(bctx); err != nil {
+		c.end()
+		return &beginError{err: err}
+	}
+	stmts, n := append(c.queue, stmt{sql: "commit"}), len(c.queue)
+	c.queue = nil
+	c.begin(cctx, stmts, n)
+	err := c.beginErr
+	if err == nil {
+		err = c.firstErr
+	}
+	if err == nil {
+		for _, s := range stmts[:n] {
+			if s.err != nil {
+				err = &DeferredError{Err: s.err}
+				break
+			}
+		}
+	}
+	commit := stmts[n]
+	if err == nil {
+		err = commit.err
+	}
+	lost := c.connClosed()
+	if c.beginErr != nil {
+		_, refused := errors.AsType[pgx.ErrPreprocessingBatch](err)
+		if (refused || serverError(err)) && !lost {
+			// pgx refused the batch before sending it, or the server
+			// refused BEGIN: nothing ran.
+			_ = c.abort(cctx, 0)
+			return err
+		}
+		// The connection failed once the batch was handed to it: COMMIT
+		// may have run. (pgx reports a connection lost while the
+		// answers are read as one closed before the batch, "safe to
+		// retry": that cannot tell.)
+		c.endWith(lost)
+		return &CommitUnknownError{Err: err}
+	}
+	switch {
+	case lost && serverError(err):
+		// A statement failed, which aborted the transaction before
+		// COMMIT; the connection closed after that.
+		c.end()
+	case lost:
+		// The connection failed while the batch was sent or its answers
+		// read: COMMIT may have run.
+		c.end()
+		if err == nil {
+			err = errors.New("txhook: connection closed")
+		}
+		return &CommitUnknownError{Err: err}
+	case c.under.Conn().PgConn().TxStatus() != 'I':
+		// COMMIT did not run: a statement before it failed.
+		_ = c.abort(cctx, 0)
+		if err == nil {
+			err = errors.New("txhook: commit was not applied")
+		}
+	default:
+		// COMMIT ran.
+		c.end()
+		if c.firstErr != nil {
+			return fmt.Errorf("txhook: the first step stopped the run although its statement succeeded, and COMMIT ran (%v)", c.firstErr)
+		}
+		if err == nil && commit.tag.String() == "ROLLBACK" {
+			err = pgx.ErrTxCommitRollback
+		}
+	}
+	if c.firstErr != nil {
+		return c.firstErr // as the first step asked
+	}
+	return commitError(err)
+}
+
+// serverError reports whether err carries the server's answer to a
+// statement: an ERROR, which aborts the transaction it ran in.
+func serverError(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Severity == "ERROR"
 }
 
 // rollback implements strategy. A failed rollback leaves nothing to do:

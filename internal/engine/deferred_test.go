@@ -63,7 +63,20 @@ func TestDeferredRoundTrips(t *testing.T) {
 			d.must(t, pool, "evt_only_deferred", func(ctx context.Context, tx pgx.Tx) error {
 				return deferNote(ctx, tx, "evt_only_deferred", "only")
 			}, processed)
-			wantTrips(t, tr, "only a deferred write", [][]string{{"begin", "InsertEvent"}, {insertNoteSQL, "commit"}})
+			wantTrips(t, tr, "only a deferred write", trips(
+				[][]string{{"begin", "InsertEvent"}, {insertNoteSQL, "commit"}},
+				[][]string{{"begin", "InsertEvent", insertNoteSQL, "commit"}},
+			))
+			// Its duplicate: with the first statement, the deferred write
+			// and COMMIT travel with the dedupe step, whose failure makes
+			// the server skip them.
+			d.must(t, pool, "evt_only_deferred", func(ctx context.Context, tx pgx.Tx) error {
+				return deferNote(ctx, tx, "evt_only_deferred", "again")
+			}, duplicate)
+			wantTrips(t, tr, "only a deferred write, duplicate", trips(
+				[][]string{{"begin", "InsertEvent"}, {"rollback"}},
+				[][]string{{"begin", "InsertEvent", insertNoteSQL, "commit"}, {"rollback"}},
+			))
 
 			for key, want := range map[string]int{"evt_write_defer": 2, "evt_defer_read": 2, "evt_only_deferred": 1} {
 				if n := e.effects(t, key); n != want {
@@ -130,6 +143,15 @@ func TestDeferredStatementFails(t *testing.T) {
 					return fmt.Errorf("%w: %w", errOwn, err)
 				}
 				return nil
+			}
+		},
+		"alone (with the first step and COMMIT, with the first statement)": func(key string) func(ctx context.Context, tx pgx.Tx) error {
+			return func(ctx context.Context, tx pgx.Tx) error {
+				if err := deferNote(ctx, tx, key, "before"); err != nil {
+					return err
+				}
+				_, err := engine.Deferred(tx).Exec(ctx, badSQL, 1)
+				return err
 			}
 		},
 		"with the first statement": func(key string) func(ctx context.Context, tx pgx.Tx) error {

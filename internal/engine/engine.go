@@ -114,9 +114,21 @@ type Spec struct {
 	// run, Body's statements return ErrNotNew, and what Body returns is
 	// ignored. Body's statements sent with First's run after it, under
 	// whatever settings it left (txhook's dedupe step bounds its own lock
-	// wait and restores the session's lock_timeout only for a new key, so
-	// that a duplicate's statements sent with it never wait long).
+	// wait and restores the session's lock_timeout for a new key; for a key
+	// that is not new it fails, so that the statements sent with it never
+	// run: FirstAborts).
 	WithFirstStatement bool
+	// FirstAborts declares that First's statement itself fails, aborting
+	// the transaction, whenever First stops the run (txhook's dedupe step
+	// raises an error for a recorded key), so that the server skips what
+	// follows it in its round trip, COMMIT included. Under
+	// WithFirstStatement, a Body that sends nothing but deferred statements
+	// then costs one round trip on a pool or a connection: BEGIN, First's
+	// statement, the deferred statements and COMMIT travel together (see
+	// connTx.commitWithFirst). A First that stops the run after its
+	// statement succeeded breaks the promise: the run fails, and what
+	// travelled with its statement may have committed.
+	FirstAborts bool
 	// Body is the application's work, run in the transaction. Its error
 	// rolls back the run and is returned by Run.
 	Body func(ctx context.Context, tx pgx.Tx) error
@@ -144,7 +156,8 @@ type Spec struct {
 // statements: once ctx has ended, nothing the body deferred is sent and the
 // run fails. COMMIT and ROLLBACK are bounded by o.FinishTimeout instead, and
 // so are the deferred statements that travel with COMMIT on a pool or
-// connection.
+// connection, and BEGIN and the first step when they travel with it too
+// (Spec.FirstAborts; the connection is still acquired under ctx).
 //
 // The error is nil (committed), ErrRollback or the first step's own error
 // (rolled back, as the first step asked), a *CommitUnknownError, an
@@ -155,7 +168,11 @@ func Run(ctx context.Context, t Target, o Options, s Spec) error {
 		attempts = 1
 	}
 	for attempt := 1; ; attempt++ {
-		tx := newTx(t, o.Tx, firstStep{fn: s.First, withStatement: s.WithFirstStatement && s.First != nil})
+		tx := newTx(t, o.Tx, firstStep{
+			fn:            s.First,
+			withStatement: s.WithFirstStatement && s.First != nil,
+			aborts:        s.FirstAborts,
+		})
 		err := runOnce(ctx, tx, o.FinishTimeout, s)
 		if err == nil {
 			return nil
@@ -186,9 +203,10 @@ func runOnce(ctx context.Context, tx *Tx, finish time.Duration, s Spec) (err err
 		if berr != nil {
 			tx.queue = nil // rolled back: nothing deferred needs to run
 		}
-		if tx.first.fn != nil {
+		if tx.first.fn != nil && (berr != nil || !tx.firstWithCommit(ctx)) {
 			// Under WithFirstStatement, a body that sent nothing: the
-			// first step's answer still decides.
+			// first step's answer still decides. It travels with COMMIT
+			// instead when it can (Spec.FirstAborts).
 			tx.begin(ctx, nil, 0)
 		}
 	}

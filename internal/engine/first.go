@@ -15,6 +15,19 @@ import (
 type firstStep struct {
 	fn            func(ctx context.Context, q Querier) error // nil once sent, or when there is none
 	withStatement bool                                       // sent with the body's first statement
+	aborts        bool                                       // its statement fails when it stops the run (Spec.FirstAborts)
+}
+
+// firstWithCommit reports whether the first step, not sent yet, can travel
+// with COMMIT (Spec.FirstAborts): its statement aborts the transaction
+// whenever it stops the run, the transaction begins in a batch (a pool or
+// a connection), and ctx has not ended.
+func (t *Tx) firstWithCommit(ctx context.Context) bool {
+	if !t.first.aborts || t.open || ctx.Err() != nil {
+		return false
+	}
+	_, ok := t.s.(*connTx)
+	return ok
 }
 
 // begin sends the first batch, if it has not been sent: BEGIN (or, before

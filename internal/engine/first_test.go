@@ -131,8 +131,9 @@ func TestWithFirstStatementRoundTrips(t *testing.T) {
 }
 
 // TestWithFirstStatementBodyWithoutStatements: a body that sends nothing
-// still gets the first step sent (after it returns), and its error is
-// weighed against the first step's answer as without the option.
+// still gets the first step sent (after it returns: with COMMIT, in one
+// round trip, when the body succeeded), and its error is weighed against
+// the first step's answer as without the option.
 func TestWithFirstStatementBodyWithoutStatements(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -143,9 +144,9 @@ func TestWithFirstStatementBodyWithoutStatements(t *testing.T) {
 	tr.Take()
 
 	d.must(t, pool, "evt_nothing", nothing, processed)
-	wantTrips(t, tr, "no statements", [][]string{{"begin", "InsertEvent"}, {"commit"}})
+	wantTrips(t, tr, "no statements", [][]string{{"begin", "InsertEvent", "commit"}})
 	d.must(t, pool, "evt_nothing", nothing, duplicate)
-	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "InsertEvent"}, {"rollback"}})
+	wantTrips(t, tr, "no statements, duplicate", [][]string{{"begin", "InsertEvent", "commit"}, {"rollback"}})
 
 	// An error: nothing committed for a new key; a duplicate stays a
 	// duplicate.
@@ -258,4 +259,53 @@ func TestRefusedStatementNotSentAgain(t *testing.T) {
 		t.Fatalf("a run with an argument that cannot be encoded: %v, nil", res)
 	}
 	wantTrips(t, tr, "refused first batch", [][]string{{"begin", "InsertEvent", sql}})
+}
+
+// TestOneRoundTripInFlight: a body that only defers its writes sends them,
+// with the first step and COMMIT, in one round trip; when the key is held
+// by an uncommitted delivery past the bound, the first step's lock timeout
+// makes the server skip them: in flight, nothing committed.
+func TestOneRoundTripInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const key = "evt_one_trip_held"
+	holder := holdKey(t, e.pool, key)
+	delivery{withFirst: true, lockTimeout: 100 * time.Millisecond}.must(t, e.pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		return deferNote(ctx, tx, key, "second delivery")
+	}, inFlight)
+	if err := holder.finish(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, "SELECT count(*) FROM effects WHERE note = 'second delivery'"); n != 0 {
+		t.Errorf("the in-flight delivery's deferred write committed %d times", n)
+	}
+}
+
+// TestFirstAbortsBroken: a first step declared to abort the transaction
+// (Spec.FirstAborts) that stops the run after its statement succeeded
+// breaks that promise: COMMIT, sent with it, ran. The run says so, and is
+// not taken for the stop it asked for.
+func TestFirstAbortsBroken(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const key = "evt_broken_first"
+	err := engine.Run(t.Context(), engine.Begin(e.pool), opts, engine.Spec{
+		First: func(ctx context.Context, q engine.Querier) error {
+			if _, err := q.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			return engine.ErrRollback
+		},
+		WithFirstStatement: true,
+		FirstAborts:        true,
+		Body: func(ctx context.Context, tx pgx.Tx) error {
+			return deferNote(ctx, tx, key, "committed anyway")
+		},
+	})
+	if err == nil || errors.Is(err, engine.ErrRollback) {
+		t.Fatalf("run = %v, want an error other than the requested rollback", err)
+	}
+	if n := e.effects(t, key); n != 1 {
+		t.Errorf("effects = %d, want the 1 that COMMIT applied", n)
+	}
 }

@@ -153,24 +153,25 @@ func (d delivery) run(ctx context.Context, at engine.Target, key string, body fu
 	var notNew string
 	err := engine.Run(ctx, at, o, engine.Spec{
 		First: func(ctx context.Context, q engine.Querier) error {
-			n, err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
+			err := db.New(q).InsertEvent(ctx, db.InsertEventParams{
 				Source: "test", EventKey: key, EventType: "thing.happened", LockTimeout: lockTimeout,
 			})
 			switch {
+			case pgCode(err) == "P0T01":
+				// The root reads a recorded key's claim after the
+				// rollback; these tests make no lease-mode claims.
+				notNew = duplicate
+				return engine.ErrRollback
 			case isLockTimeout(err):
 				notNew = inFlight
 				return engine.ErrRollback
 			case err != nil:
 				return fmt.Errorf("insert event key: %w", err)
-			case n == 0:
-				// The root reads a recorded key's claim after the
-				// rollback; these tests make no lease-mode claims.
-				notNew = duplicate
-				return engine.ErrRollback
 			}
 			return nil
 		},
 		WithFirstStatement: d.withFirst,
+		FirstAborts:        true, // InsertEvent fails for a recorded key
 		Body:               body,
 	})
 	switch {

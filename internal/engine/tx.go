@@ -151,8 +151,9 @@ func (t *Tx) commitStart(bctx, cctx context.Context) (ended bool, err error) {
 		}
 		return true, t.abortWith(cctx, 0, err)
 	}
-	if !t.open && len(t.queue) > 0 {
-		// Only deferred statements: they begin the transaction.
+	if !t.open && (len(t.queue) > 0 || t.first.fn != nil) {
+		// Only deferred statements, or a first step not sent yet: they
+		// begin the transaction.
 		if err := t.send(bctx, nil); err != nil {
 			return true, t.abortWith(cctx, 0, &rolledBackError{err: err})
 		}

@@ -171,24 +171,25 @@ func (r *report) markdown() string {
 	p("%d-byte body stored (the example keeps payloads for replay). Concurrency c means c concurrent clients.", r.payload)
 	p("")
 	p("- **%s**: pgbench `-M prepared`, c connections, running exactly the SQL the library sends for one event", scenLimit)
-	p("  (BEGIN; the dedupe step's insert, which bounds its own lock wait; the example's InsertOrder; AddCustomerSpend;")
+	p("  (BEGIN; the dedupe step's insert, which bounds its own lock wait and fails for a recorded key; the example's")
+	p("  InsertOrder; AddCustomerSpend;")
 	p("  COMMIT), each statement a round trip of its own (five): the database's own limit, and the reference of every")
 	p("  ratio to the limit.")
-	p("- **%s**: the same script in two pipelines (`\\startpipeline`): BEGIN, the dedupe step and the order", scenLimitPipe)
-	p("  insert, then the customer total's upsert and COMMIT: the two round trips txhook sends for the example.")
+	p("- **%s**: the same script in one pipeline (`\\startpipeline`): the one round trip txhook sends for the", scenLimitPipe)
+	p("  example.")
 	p("- **%s**: the key inserted and committed alone, then the work in a second transaction (fast and wrong: a", scenNaive)
 	p("  crash between the two loses the event); pgxpool of c connections.")
 	p("- **%s**: `Processor.Process` called directly with the example's handler (JSON decode and the same", scenLibrary)
 	p("  writes through its sqlc queries) and the example's configuration; pgxpool of c connections. With")
-	p("  `DedupeWithFirstStatement` txhook sends BEGIN, the dedupe step and the handler's first statement (the order")
-	p("  insert) in one round trip (a pgx batch); the handler defers the customer total's upsert")
-	p("  (`txhook.Deferred`), which travels with COMMIT: two round trips.")
+	p("  `DedupeWithFirstStatement` and both of the handler's writes deferred (`txhook.Deferred`), txhook sends BEGIN,")
+	p("  the dedupe step, the writes and COMMIT in one round trip (a pgx batch); for a recorded key the dedupe step")
+	p("  fails and the server skips the rest.")
 	p("- **%s**: the same without `DedupeWithFirstStatement` (the default: the key is known new before the", scenLibraryFirst)
-	p("  handler runs): BEGIN and the dedupe step in one round trip, the order insert, then the upsert and COMMIT: three.")
+	p("  handler runs): BEGIN and the dedupe step in one round trip, then the writes and COMMIT: two.")
 	p("- **%s**: the same statements written directly with pgx, one round trip each (five): what a Go client", scenRawPgx)
 	p("  of the limit costs.")
-	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip). Not a correct", scenBatchPgx)
-	p("  receiver (the writes do not wait for the dedupe answer); it shows what one round trip per event would give.")
+	p("- **%s**: the same statements sent as one pgx batch (BEGIN … COMMIT in one round trip), as txhook sends", scenBatchPgx)
+	p("  them for the example, written with pgx alone: what the library's round trip costs a Go client with no library.")
 	p("- **%s**: `Process` on events already processed (what a provider's retry storm after an outage costs), by", scenLibraryDup)
 	p("  the Processor that processed them: it remembers the last keys it saw done (`Config.RecentKeys`, 10,000)")
 	p("  and answers those without a round trip, the others with a read. The redeliveries are drawn from every event")
@@ -380,7 +381,7 @@ func (r *report) markdown() string {
 		}
 		p("- c=%d: pgbench spends %.2f ms per event in the client and %.2f in the rest; pgx with the same SQL %.2f and %.2f;",
 			c, lim.CPU.Client, lim.CPU.Rest, raw.CPU.Client, raw.CPU.Rest)
-		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends three round trips fewer).",
+		p("  the txhook library %.2f and %.2f. txhook minus plain pgx: %+.2f ms per event (txhook sends four round trips fewer).",
 			lib.CPU.Client, lib.CPU.Rest, (lib.CPU.Client+lib.CPU.Rest)-(raw.CPU.Client+raw.CPU.Rest))
 	}
 	if l8, ok := r.find(scenLimit, 8); ok {
@@ -465,11 +466,11 @@ func (r *report) explain(p func(string, ...any)) {
 	p("What separates the rows from the limit at concurrency %d, from the figures above:", c)
 	p("")
 	p("- Plain pgx sending the same statements one round trip each (five) reaches %.2f× of the limit; the txhook", raw)
-	p("  library, configured as the example (two round trips), %.2f× (library / plain pgx: %.2f×); with its default", lib, lib/raw)
-	p("  configuration (the dedupe step before the handler: three round trips) %.2f×. Sent as one batch, the same", r.ratio(scenLibraryFirst, scenLimit, c))
-	p("  statements reach %.2f×.", batch)
+	p("  library, configured as the example (one round trip), %.2f× (library / plain pgx: %.2f×); with its default", lib, lib/raw)
+	p("  configuration (the dedupe step before the handler: two round trips) %.2f×. Sent as one batch with pgx alone,", r.ratio(scenLibraryFirst, scenLimit, c))
+	p("  the same statements reach %.2f×.", batch)
 	if pipe := r.ratio(scenLimitPipe, scenLimit, c); pipe > 0 {
-		p("  pgbench sending txhook's two round trips reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
+		p("  pgbench sending txhook's one round trip reaches %.2f× of the limit: the library runs at %.2f× of a C client", pipe, lib/pipe)
 		p("  doing what it does.")
 	}
 	if r.profile.text != "" {
@@ -509,8 +510,8 @@ func (r *report) explain(p func(string, ...any)) {
 		p("  costs the HTTP exchange, the signature check and the log line, no round trip; the storm runs at %.2f× the", d)
 		p("  new-event rate (library: %.2f×). Without the memory (another process's keys, or after a restart) a", r.ratio(scenLibraryDup, scenLibrary, c))
 		p("  duplicate in a storm costs one read outside any transaction (library: %.2f× the new-event rate), and a", r.ratio(scenLibraryDupDB, scenLibrary, c))
-		p("  duplicate among new events three round trips (BEGIN, the dedupe step and the handler's first statement;")
-		p("  ROLLBACK; the read of a lease-mode claim holding the key).")
+		p("  duplicate among new events three round trips (BEGIN, the dedupe step, whose failure makes the server skip")
+		p("  the handler's writes and COMMIT sent with it; ROLLBACK; the read of a lease-mode claim holding the key).")
 		if r.dupProfile.text != "" {
 			a := r.dupProfile.areas
 			p("  In the example's CPU profile on that path: net/http %.1f%%, pgx %.1f%%, log/slog %.1f%%, encoding/json %.1f%%,",

@@ -65,8 +65,9 @@ func decodeCheckout(body []byte) (checkout, error) {
 
 // applyCheckout makes the business writes of the example's
 // checkout.session.completed handler: the order through q, then the
-// customer's total through later (the example defers it to COMMIT; the rows
-// without txhook pass q for both).
+// customer's total through later (the example defers both: with its
+// configuration they travel with BEGIN, the dedupe step and COMMIT; the rows
+// without txhook pass the transaction's queries for both).
 func applyCheckout(ctx context.Context, q, later *ordersdb.Queries, c checkout) error {
 	o := c.Data.Object
 	customer := pgtype.Text{}
@@ -93,7 +94,8 @@ func libraryHandler(ctx context.Context, tx pgx.Tx, ev txhook.Event) error {
 	if err != nil {
 		return err
 	}
-	return applyCheckout(ctx, ordersdb.New(tx), ordersdb.New(txhook.Deferred(tx)), c)
+	later := ordersdb.New(txhook.Deferred(tx))
+	return applyCheckout(ctx, later, later, c)
 }
 
 // processLibrary applies one event with Process, as the example's endpoint
@@ -130,9 +132,9 @@ func processNaive(ctx context.Context, pool *pgxpool.Pool, key string, body []by
 }
 
 // insertEventSQL is the dedupe step as txhook sends it (queries/events.sql's
-// InsertEvent), which bounds its own lock wait ($6) and restores the
-// session's lock_timeout for a new key.
-const insertEventSQL = "INSERT INTO txhook_processed_events AS e (source, event_key, event_type, status, completed_at, payload, payload_hash) SELECT $1::text, $2::text, $3::text, 'done', now(), $4::bytea, $5::bytea FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', $6::text, true) AS bound) AS b ON CONFLICT (source, event_key) DO NOTHING RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)"
+// InsertEvent), which bounds its own lock wait ($6), restores the session's
+// lock_timeout for a new key and fails for a recorded key.
+const insertEventSQL = "WITH inserted AS (INSERT INTO txhook_processed_events AS e (source, event_key, event_type, status, completed_at, payload, payload_hash) SELECT $1::text, $2::text, $3::text, 'done', now(), $4::bytea, $5::bytea FROM (SELECT set_config('txhook.lock_timeout', current_setting('lock_timeout'), true) AS saved, set_config('lock_timeout', $6::text, true) AS bound) AS b ON CONFLICT (source, event_key) DO NOTHING RETURNING set_config('lock_timeout', current_setting('txhook.lock_timeout'), true)) SELECT txhook_raise_key_recorded($1::text, $2::text) WHERE NOT EXISTS (SELECT FROM inserted)"
 
 // processRawPgx sends the same statements as the library, written directly
 // with pgx and no txhook: what the client side of the limit costs in Go.
@@ -145,8 +147,9 @@ func processRawPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []b
 }
 
 // applyWithPgx applies c in one transaction on db, each statement a round
-// trip of its own: the dedupe step's insert (insert with args), an error
-// when it inserts no row, then the example's writes.
+// trip of its own: the dedupe step's insert (insert with args: txhook's,
+// which fails for a recorded key, or a plain insert, for which inserting no
+// row is an error here), then the example's writes.
 func applyWithPgx(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 }, c checkout, insert string, args ...any) error {
@@ -155,7 +158,7 @@ func applyWithPgx(ctx context.Context, db interface {
 		if err != nil {
 			return fmt.Errorf("insert event: %w", err)
 		}
-		if tag.RowsAffected() != 1 {
+		if tag.Insert() && tag.RowsAffected() != 1 {
 			return errors.New("duplicate")
 		}
 		q := ordersdb.New(tx)
@@ -164,9 +167,9 @@ func applyWithPgx(ctx context.Context, db interface {
 }
 
 // processBatchPgx sends the same statements in one round trip (a pgx batch
-// wrapped in BEGIN and COMMIT). It is not a correct receiver (the writes do
-// not wait for the dedupe step's answer); it shows what one round trip per
-// event would cost.
+// wrapped in BEGIN and COMMIT), as txhook sends them for the example, with
+// pgx alone: the dedupe step's failure for a recorded key makes the server
+// skip the writes and COMMIT.
 func processBatchPgx(ctx context.Context, pool *pgxpool.Pool, key string, body []byte) error {
 	c, err := decodeCheckout(body)
 	if err != nil {
