@@ -38,7 +38,7 @@ type rowVariant struct {
 // rowVariants are the row cost table's lines, txhook's first.
 var rowVariants = []rowVariant{
 	{
-		name: "txhook's dedupe step (InsertEvent: the row, its lock wait bound)", table: "rowcost_full",
+		name: "txhook's dedupe step (InsertEvent: the row, its lock wait bound, its recorded-key check)", table: "rowcost_full",
 		create: "CREATE TABLE %s (LIKE txhook_processed_events INCLUDING ALL)",
 		insert: strings.Replace(insertEventSQL, "txhook_processed_events", "rowcost_full", 1),
 		args:   func(key string, body []byte) []any { return append(rowArgs(key, body), "2000ms") },
