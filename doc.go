@@ -50,9 +50,10 @@
 // next statement or with COMMIT. A handler whose writes are all deferred,
 // under that option, costs one round trip: BEGIN, the dedupe step, its
 // writes and COMMIT together (for a key that is not new the dedupe step
-// fails and the server skips the rest). These hold on every path alike: Process on
-// any database, ProcessTx, lease mode's phase two, the inbox's apply,
-// Replay, Run and RunTx, which all run through one transaction engine. The
+// fails and the server skips the rest). These hold on every path alike:
+// Process on any database, ProcessTx, lease mode's phase two, the inbox's
+// apply, Replay, Run and RunTx, which all run through one transaction
+// engine. The
 // duplicate filter (Config.RecentKeys) answers Process's redeliveries of keys
 // the Processor saw done without a round trip; the other paths always ask
 // the database.

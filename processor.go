@@ -166,11 +166,12 @@ type Config struct {
 // event whose handler makes one write costs three round trips, two with
 // Config.DedupeWithFirstStatement, and one when that write is deferred; a
 // duplicate three (the dedupe step, ROLLBACK, and the read of a lease-mode
-// claim that would make it in flight). ProcessTx does the same under a savepoint of the caller's
-// transaction; any other Beginner adds its own BEGIN. While more than half
-// of the recent deliveries were duplicates, as in a provider's redelivery
-// storm, Process first reads the key's status outside any transaction: a
-// duplicate then costs one round trip, and a new event one more than usual.
+// claim that would make it in flight). ProcessTx does the same under a
+// savepoint of the caller's transaction; any other Beginner adds its own
+// BEGIN. While more than half of the recent deliveries were duplicates, as
+// in a provider's redelivery storm, Process first reads the key's status
+// outside any transaction: a duplicate then costs one round trip, and a new
+// event one more than usual.
 // A key the Processor saw done recently is answered from memory, with no
 // round trip (Config.RecentKeys).
 type Processor struct {
