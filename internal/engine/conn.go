@@ -115,8 +115,7 @@ func (c *connTx) commit(bctx, cctx context.Context) error {
 func (c *connTx) commitQueued(ctx context.Context) error {
 	stmts := c.queue
 	c.queue = nil
-	conn := c.under.Conn()
-	br := conn.SendBatch(ctx, batchOf(stmts, "commit"))
+	br := c.under.Conn().SendBatch(ctx, batchOf(stmts, "commit"))
 	var err error
 	var tag pgconn.CommandTag
 	if failed := readAll(br, stmts); failed >= 0 {
@@ -127,22 +126,31 @@ func (c *connTx) commitQueued(ctx context.Context) error {
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
+	return c.settle(ctx, err, tag)
+}
+
+// settle says what a batch that ended with COMMIT did, from the first
+// error its statements got (err) and COMMIT's tag, and rolls back a
+// transaction COMMIT left open: nil (committed), a *rolledBackError, a
+// *CommitUnknownError, or COMMIT's own error (the server rolled back).
+func (c *connTx) settle(ctx context.Context, err error, tag pgconn.CommandTag) error {
+	conn := c.under.Conn()
 	switch {
 	case conn.IsClosed() && err != nil:
-		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Severity == "ERROR" {
+		if serverError(err) {
 			// The server answered a statement with an error, which
 			// aborted the transaction before COMMIT; the connection
 			// closed after that.
 			return &rolledBackError{err: err}
 		}
 		// The connection failed while the batch was sent or its answers
-		// read (the first deferred statement's read then carries the
-		// error): COMMIT may have been applied.
+		// read (the first statement's read then carries the error):
+		// COMMIT may have been applied.
 		return &CommitUnknownError{Err: err}
 	case conn.IsClosed():
 		// COMMIT answered; the connection closed after that.
 	case conn.PgConn().TxStatus() != 'I':
-		// COMMIT did not run: a deferred statement failed, or the batch
+		// COMMIT did not run: a statement before it failed, or the batch
 		// could not be sent. The transaction is still open: roll it back.
 		if rerr := c.under.Rollback(ctx); rerr != nil {
 			return errors.Join(err, rerr) // the connection is closed: unknown
@@ -179,26 +187,9 @@ func (c *connTx) commitWithFirst(bctx, cctx context.Context) error {
 	stmts, n := append(c.queue, stmt{sql: "commit"}), len(c.queue)
 	c.queue = nil
 	c.begin(cctx, stmts, n)
-	err := c.beginErr
-	if err == nil {
-		err = c.firstErr
-	}
-	if err == nil {
-		for _, s := range stmts[:n] {
-			if s.err != nil {
-				err = &DeferredError{Err: s.err}
-				break
-			}
-		}
-	}
-	commit := stmts[n]
-	if err == nil {
-		err = commit.err
-	}
-	lost := c.connClosed()
-	if c.beginErr != nil {
-		_, refused := errors.AsType[pgx.ErrPreprocessingBatch](err)
-		if (refused || serverError(err)) && !lost {
+	if err := c.beginErr; err != nil {
+		lost := c.connClosed()
+		if _, refused := errors.AsType[pgx.ErrPreprocessingBatch](err); (refused || serverError(err)) && !lost {
 			// pgx refused the batch before sending it, or the server
 			// refused BEGIN: nothing ran.
 			_ = c.abort(cctx, 0)
@@ -211,39 +202,30 @@ func (c *connTx) commitWithFirst(bctx, cctx context.Context) error {
 		c.endWith(lost)
 		return &CommitUnknownError{Err: err}
 	}
-	switch {
-	case lost && serverError(err):
-		// A statement failed, which aborted the transaction before
-		// COMMIT; the connection closed after that.
-		c.end()
-	case lost:
-		// The connection failed while the batch was sent or its answers
-		// read: COMMIT may have run.
-		c.end()
-		if err == nil {
-			err = errors.New("txhook: connection closed")
-		}
-		return &CommitUnknownError{Err: err}
-	case c.under.Conn().PgConn().TxStatus() != 'I':
-		// COMMIT did not run: a statement before it failed.
-		_ = c.abort(cctx, 0)
-		if err == nil {
-			err = errors.New("txhook: commit was not applied")
-		}
-	default:
-		// COMMIT ran.
-		c.end()
-		if c.firstErr != nil {
-			return fmt.Errorf("txhook: the first step stopped the run although its statement succeeded, and COMMIT ran (%v)", c.firstErr)
-		}
-		if err == nil && commit.tag.String() == "ROLLBACK" {
-			err = pgx.ErrTxCommitRollback
+	defer c.end()
+	err := c.firstErr
+	for _, s := range stmts[:n] {
+		if err == nil && s.err != nil {
+			err = &DeferredError{Err: s.err}
 		}
 	}
-	if c.firstErr != nil {
-		return c.firstErr // as the first step asked
+	if err == nil {
+		err = stmts[n].err
 	}
-	return commitError(err)
+	res := c.settle(cctx, err, stmts[n].tag)
+	if c.firstErr == nil {
+		return commitError(res)
+	}
+	// The first step stopped the run. Its statement failed, so the server
+	// skipped COMMIT (which then carries that failure), unless the
+	// connection was lost after sending.
+	if stmts[n].err == nil {
+		return fmt.Errorf("txhook: the first step stopped the run although its statement succeeded, and COMMIT ran (%v)", c.firstErr)
+	}
+	if _, ok := errors.AsType[*CommitUnknownError](res); ok {
+		return res
+	}
+	return c.firstErr // as the first step asked
 }
 
 // serverError reports whether err carries the server's answer to a
