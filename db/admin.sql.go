@@ -109,7 +109,7 @@ type AdminOpenCountsRow struct {
 	Events int64
 }
 
-// Failed and in-progress events by source and status, through txhook_processed_events_open_idx.
+// Failed and in-progress events by source and status, through txhook_processed_events_not_done_idx.
 func (q *Queries) AdminOpenCounts(ctx context.Context) ([]AdminOpenCountsRow, error) {
 	rows, err := q.db.Query(ctx, adminOpenCounts)
 	if err != nil {
@@ -175,7 +175,7 @@ type AdminOpenPageRow struct {
 
 // One page of failed or in-progress events (status is 'failed' or 'in_progress'), newest
 // first, after the cursor (created_at, source, event_key): keyset pagination on
-// txhook_processed_events_open_idx. The first page passes 'infinity'.
+// txhook_processed_events_not_done_idx. The first page passes 'infinity'.
 func (q *Queries) AdminOpenPage(ctx context.Context, arg AdminOpenPageParams) ([]AdminOpenPageRow, error) {
 	rows, err := q.db.Query(ctx, adminOpenPage,
 		arg.Status,
@@ -260,7 +260,7 @@ type AdminQueuedPageRow struct {
 }
 
 // One page of inbox mode's queued events, newest first, after the cursor (created_at, source,
-// event_key): keyset pagination on txhook_processed_events_queued_idx. The first page passes
+// event_key): keyset pagination on txhook_processed_events_not_done_idx. The first page passes
 // 'infinity'.
 func (q *Queries) AdminQueuedPage(ctx context.Context, arg AdminQueuedPageParams) ([]AdminQueuedPageRow, error) {
 	rows, err := q.db.Query(ctx, adminQueuedPage,
@@ -318,7 +318,7 @@ type AdminSettledCountsSinceRow struct {
 }
 
 // Events settled (done or failed) since a time, by source and status, through
-// txhook_processed_events_completed_idx.
+// txhook_processed_events_completed_at_idx.
 func (q *Queries) AdminSettledCountsSince(ctx context.Context, since pgtype.Timestamptz) ([]AdminSettledCountsSinceRow, error) {
 	rows, err := q.db.Query(ctx, adminSettledCountsSince, since)
 	if err != nil {
@@ -384,7 +384,7 @@ type AdminSettledPageRow struct {
 
 // One page of settled events (status done or failed, or both when status is empty), most
 // recently completed first, after the cursor (completed_at, source, event_key): keyset
-// pagination on txhook_processed_events_completed_idx. The first page passes 'infinity'.
+// pagination on txhook_processed_events_completed_at_idx. The first page passes 'infinity'.
 func (q *Queries) AdminSettledPage(ctx context.Context, arg AdminSettledPageParams) ([]AdminSettledPageRow, error) {
 	rows, err := q.db.Query(ctx, adminSettledPage,
 		arg.Status,
@@ -441,7 +441,7 @@ type AdminSettledPerMinuteRow struct {
 }
 
 // Events settled per minute since a time, on the database's clock, through
-// txhook_processed_events_completed_idx.
+// txhook_processed_events_completed_at_idx.
 func (q *Queries) AdminSettledPerMinute(ctx context.Context, since pgtype.Timestamptz) ([]AdminSettledPerMinuteRow, error) {
 	rows, err := q.db.Query(ctx, adminSettledPerMinute, since)
 	if err != nil {

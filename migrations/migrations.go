@@ -2,7 +2,10 @@
 // files and applies them.
 //
 // The files are embedded and exported as FS, so an application that runs
-// its own migration tool can apply them with it instead. Up, Down and Version
+// its own migration tool can apply them with it instead: each file as it
+// is, outside a transaction when it holds a CREATE or DROP INDEX
+// CONCURRENTLY (PostgreSQL runs those only as a statement of their own),
+// and from one process at a time. Up, Down and Version
 // use golang-migrate with its pgx/v5 driver and keep their state in their
 // own table, TableName, so they coexist with the application's own
 // golang-migrate state (schema_migrations). golang-migrate holds a PostgreSQL
@@ -16,10 +19,12 @@ package migrations
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -120,6 +125,11 @@ func run(ctx context.Context, databaseURL string, fsys fs.FS, table, verb string
 	if err := sqlDB.PingContext(ctx); err != nil {
 		return fmt.Errorf("migrate %s: connect: %w", verb, err)
 	}
+	release, err := lockMigrations(ctx, sqlDB, table)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", verb, err)
+	}
+	defer release()
 	driver, err := pgx.WithInstance(sqlDB, &pgx.Config{MigrationsTable: table})
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", verb, err)
@@ -146,3 +156,45 @@ func run(ctx context.Context, databaseURL string, fsys fs.FS, table, verb string
 	}
 	return ctx.Err()
 }
+
+// lockMigrations takes a session advisory lock of table's migrations on a
+// connection of its own, asking again every lockPoll until it is free, and
+// returns what releases it. golang-migrate takes its own lock after this
+// one, uncontended. Its lock is waited for inside a statement, and a
+// statement's snapshot makes CREATE INDEX CONCURRENTLY (migrations 0018 and
+// 0019) wait for the waiter, which waits for the migrating session's lock:
+// PostgreSQL would break that deadlock by failing one of them. Asked here,
+// a waiter holds no snapshot between two tries.
+func lockMigrations(ctx context.Context, sqlDB *sql.DB, table string) (func(), error) {
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	key := "txhook migrations " + table
+	for {
+		var locked bool
+		err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&locked)
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("take the migrations lock: %w", err)
+		}
+		if locked {
+			return func() {
+				// Closing the connection releases the lock too, should
+				// the unlock fail.
+				_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
+				conn.Close()
+			}, nil
+		}
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			return nil, fmt.Errorf("wait for the migrations lock: %w", ctx.Err())
+		case <-time.After(lockPoll):
+		}
+	}
+}
+
+// lockPoll is how often a migration waiting for another one asks for the
+// lock.
+const lockPoll = 100 * time.Millisecond

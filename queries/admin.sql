@@ -15,7 +15,7 @@ WITH RECURSIVE s AS (
 SELECT s.source::text AS source FROM s WHERE s.source IS NOT NULL LIMIT 1000;
 
 -- name: AdminOpenCounts :many
--- Failed and in-progress events by source and status, through txhook_processed_events_open_idx.
+-- Failed and in-progress events by source and status, through txhook_processed_events_not_done_idx.
 SELECT source, status, count(*) AS events
 FROM txhook_processed_events
 WHERE status IN ('failed', 'in_progress')
@@ -24,7 +24,7 @@ ORDER BY source, status;
 
 -- name: AdminSettledCountsSince :many
 -- Events settled (done or failed) since a time, by source and status, through
--- txhook_processed_events_completed_idx.
+-- txhook_processed_events_completed_at_idx.
 SELECT source, status, count(*) AS events
 FROM txhook_processed_events
 WHERE status <> 'in_progress' AND completed_at >= @since::timestamptz
@@ -33,7 +33,7 @@ ORDER BY source, status;
 
 -- name: AdminSettledPerMinute :many
 -- Events settled per minute since a time, on the database's clock, through
--- txhook_processed_events_completed_idx.
+-- txhook_processed_events_completed_at_idx.
 SELECT date_trunc('minute', completed_at)::timestamptz AS minute, count(*) AS events
 FROM txhook_processed_events
 WHERE status <> 'in_progress' AND completed_at >= @since::timestamptz
@@ -49,7 +49,7 @@ SELECT coalesce((SELECT greatest(c.reltuples, 0)::bigint FROM pg_catalog.pg_clas
 -- name: AdminSettledPage :many
 -- One page of settled events (status done or failed, or both when status is empty), most
 -- recently completed first, after the cursor (completed_at, source, event_key): keyset
--- pagination on txhook_processed_events_completed_idx. The first page passes 'infinity'.
+-- pagination on txhook_processed_events_completed_at_idx. The first page passes 'infinity'.
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
@@ -68,7 +68,7 @@ LIMIT @max_rows::integer;
 -- name: AdminOpenPage :many
 -- One page of failed or in-progress events (status is 'failed' or 'in_progress'), newest
 -- first, after the cursor (created_at, source, event_key): keyset pagination on
--- txhook_processed_events_open_idx. The first page passes 'infinity'.
+-- txhook_processed_events_not_done_idx. The first page passes 'infinity'.
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,
        (payload IS NOT NULL)::boolean AS has_payload,
@@ -110,7 +110,7 @@ WHERE ctid = (
 
 -- name: AdminQueuedPage :many
 -- One page of inbox mode's queued events, newest first, after the cursor (created_at, source,
--- event_key): keyset pagination on txhook_processed_events_queued_idx. The first page passes
+-- event_key): keyset pagination on txhook_processed_events_not_done_idx. The first page passes
 -- 'infinity'.
 SELECT source, event_key, event_type, status, attempts, created_at, claimed_at,
        lease_expires_at, completed_at, last_error,

@@ -14,9 +14,9 @@ SELECT pg_try_advisory_xact_lock(@lock_key::bigint) AS locked;
 -- a concurrent replay are skipped, not waited for. The rows are locked and
 -- then deleted by their physical address (ctid), which keeps every batch a
 -- TID scan: a join on the primary key turns into a hash join over the whole
--- table once batches are large. "status <> 'in_progress'" repeats the
--- predicate of txhook_processed_events_completed_idx so that every plan can
--- use it.
+-- table once batches are large. The rows are found through
+-- txhook_processed_events_completed_at_idx, whose predicate (completed_at IS
+-- NOT NULL) the bound on completed_at implies.
 DELETE FROM txhook_processed_events
 WHERE ctid = ANY (ARRAY(
     SELECT p.ctid

@@ -1,0 +1,1 @@
+DROP INDEX CONCURRENTLY IF EXISTS txhook_processed_events_completed_at_idx;

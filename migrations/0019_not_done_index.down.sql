@@ -1,0 +1,1 @@
+DROP INDEX CONCURRENTLY IF EXISTS txhook_processed_events_not_done_idx;
