@@ -109,26 +109,55 @@ func (g BodyDedupe) check(ctx context.Context, q db.DBTX, ev Event) error {
 	if len(ev.PayloadHash) == 0 {
 		return nil
 	}
+	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams(g.params(ev)))
+	switch {
+	case err != nil:
+		return g.failed(err)
+	case other != "":
+		return &DuplicateBodyError{Key: other}
+	}
+	return nil
+}
+
+// checkDeferred is check as a statement that fails (CheckBodyNotRecorded),
+// queued on deferred, queries on a transaction's engine.Deferred, to travel
+// with the next statement sent: inbox mode's accept sends it ahead of the
+// job's insert. Its answer comes back as that statement's
+// *engine.DeferredError, which failed turns into check's errors.
+func (g BodyDedupe) checkDeferred(ctx context.Context, deferred *db.Queries, ev Event) error {
+	if len(ev.PayloadHash) == 0 {
+		return nil
+	}
+	return deferred.CheckBodyNotRecorded(ctx, g.params(ev))
+}
+
+// params are the check's arguments for ev.
+func (g BodyDedupe) params(ev Event) db.CheckBodyNotRecordedParams {
 	window, wait := g.Window, g.lockTimeout()
 	if window <= 0 {
 		window = DefaultRetention
 	}
-	other, err := db.New(q).LockAndFindPayloadHash(ctx, db.LockAndFindPayloadHashParams{
+	return db.CheckBodyNotRecordedParams{
 		Source:        ev.Source,
 		PayloadHash:   ev.PayloadHash,
 		EventKey:      ev.Key,
 		WindowSeconds: window.Seconds(),
 		LockTimeout:   fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
-	})
-	switch {
-	case isReplayWait(err):
-		return fmt.Errorf("body dedupe: %w", errors.Join(errBodyInFlight, err))
-	case err != nil:
-		return fmt.Errorf("body dedupe: %w", err)
-	case other != "":
-		return &DuplicateBodyError{Key: other}
 	}
-	return nil
+}
+
+// failed is the check's error for err, the failure of its statement: a
+// *DuplicateBodyError for another key recorded with the hash
+// (checkDeferred's SQLSTATE P0T03), errBodyInFlight for a wait for the
+// body's lock past its bound, err itself otherwise.
+func (g BodyDedupe) failed(err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == sqlstateBodyRecorded {
+		return &DuplicateBodyError{Key: pgErr.Detail}
+	}
+	if isReplayWait(err) {
+		return fmt.Errorf("body dedupe: %w", errors.Join(errBodyInFlight, err))
+	}
+	return fmt.Errorf("body dedupe: %w", err)
 }
 
 // claimGuarded runs fn, lease mode's claim, after g's check in one
@@ -153,6 +182,10 @@ func (g *BodyDedupe) claimGuarded(ctx context.Context, p *Processor, ev Event, f
 // sqlstateReplayWait is the SQLSTATE with which txhook_find_replay answers
 // a wait for the body's lock past the guard's LockTimeout.
 const sqlstateReplayWait = "P0T02"
+
+// sqlstateBodyRecorded is the SQLSTATE with which txhook_check_replay
+// answers a body recorded under another key, that key its DETAIL.
+const sqlstateBodyRecorded = "P0T03"
 
 // isReplayWait reports whether err is the guard's wait for the body's lock
 // running out (its own bound, or the session's statement_timeout): the

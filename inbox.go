@@ -39,10 +39,10 @@ const OutcomeQueued = OutcomeFailed + 1
 const statusQueued = "queued"
 
 // accept records ev as queued and enqueues its job in q, in one transaction
-// of its own: Deliver's inbox mode. It takes two round trips: a check that the key is not recorded yet and the job's
-// insert travel with BEGIN; the row's insert, with the job's id, travels
-// with COMMIT, so the row is
-// written once. The payload and payload hash are stored whatever
+// of its own: Deliver's inbox mode. It takes two round trips: a check that
+// the key is not recorded yet (and the body dedupe's, with one) and the
+// job's insert travel with BEGIN; the row's insert, with the job's id,
+// travels with COMMIT, so the row is written once. The payload and payload hash are stored whatever
 // Config.StorePayload says: the job reads the payload from the row (its
 // arguments name only the source and key).
 //
@@ -58,10 +58,11 @@ const statusQueued = "queued"
 //   - in flight: a concurrent delivery of the same key holds it, past
 //     Config.LockTimeout; nothing was committed. Never acknowledge it.
 //
-// With a BodyDedupe, its check runs first in the transaction after the
-// key's (the check that the key is not recorded yet); its lock is
-// held until COMMIT, with which the row is inserted, so the next delivery
-// of the same body finds the row. A concurrent delivery of the same key
+// With a BodyDedupe, its check travels after the key's, ahead of the job's
+// insert: a body recorded under another key fails it (a *DuplicateBodyError,
+// no job inserted, nothing written); its lock is held until COMMIT, with
+// which the row is inserted, so the next delivery of the same body finds
+// the row. A concurrent delivery of the same key
 // then waits at the guard's lock (bounded by BodyDedupe.LockTimeout, past
 // which it is answered in flight) before it is answered a duplicate.
 // Any error means nothing was committed (a *CommitUnknownError: the outcome
@@ -80,16 +81,17 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 		Body: func(ctx context.Context, tx pgx.Tx) error {
 			deferred := db.New(engine.Deferred(tx))
 			// A recorded key fails this check, which travels with BEGIN
-			// ahead of the next statement (the body dedupe's, or the job's
-			// insert): the server skips what follows it in that round
-			// trip, so a redelivery inserts no job and writes nothing.
+			// ahead of the job's insert: the server skips what follows it
+			// in that round trip, so a redelivery inserts no job and
+			// writes nothing.
 			if err := deferred.CheckKeyNotRecorded(ctx, db.CheckKeyNotRecordedParams{Source: ev.Source, EventKey: ev.Key}); err != nil {
 				return err
 			}
 			if g != nil {
-				// The body dedupe's lock is held until COMMIT, which the
-				// row travels with: the next delivery of the body sees it.
-				if err := g.check(ctx, tx, ev); err != nil {
+				// So does the body dedupe's, sent next: a replayed body
+				// fails it. Its lock is held until COMMIT, which the row
+				// travels with: the next delivery of the body sees it.
+				if err := g.checkDeferred(ctx, deferred, ev); err != nil {
 					return err
 				}
 			}
@@ -107,11 +109,13 @@ func (p *Processor) accept(ctx context.Context, ev Event, g *BodyDedupe, q Queue
 		return Result{Outcome: OutcomeQueued}, nil
 	}
 	if de, ok := errors.AsType[*engine.DeferredError](err); ok {
-		// The key's check, sent with BEGIN, or the row's insert, sent with
-		// COMMIT, answered: nothing committed.
+		// The key's check or the body dedupe's, sent with BEGIN, or the
+		// row's insert, sent with COMMIT, answered: nothing committed.
 		switch pgErr, _ := errors.AsType[*pgconn.PgError](de); {
 		case pgErr != nil && (pgErr.Code == sqlstateKeyExists || isEventsKeyConflict(pgErr)):
 			return Result{Outcome: OutcomeDuplicate}, nil
+		case g != nil && pgErr != nil && (pgErr.Code == sqlstateBodyRecorded || pgErr.Code == sqlstateReplayWait):
+			return Result{}, g.failed(de)
 		case isLockTimeout(de):
 			return Result{Outcome: OutcomeInFlight, RetryAfter: p.inFlightWait}, nil
 		}

@@ -209,6 +209,44 @@ func TestAcceptTwoRoundTrips(t *testing.T) {
 	}
 }
 
+// TestAcceptWithBodyDedupeTwoRoundTrips: with body dedupe, its check
+// travels with the key's, ahead of the job's insert, so the accept keeps
+// its two round trips; a replayed body under a new key fails the check in
+// the first, and the server skips the job's insert after it.
+func TestAcceptWithBodyDedupeTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, tr := pgtrace.Pool(t, b.db.URL)
+	p := b.inboxOn(t, pool, nil, insertEffect, &jobQueue{query: true})
+	g := &txhook.BodyDedupe{}
+	withHash := func(key, hash string) txhook.Event {
+		ev := event(key)
+		ev.PayloadHash = []byte(hash)
+		return ev
+	}
+	if res, err := accept(t, p, withHash("a-warm", "h-warm"), g); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("warm-up Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	tr.Take()
+	first := []string{"begin isolation level read committed", "CheckKeyNotRecorded", "CheckBodyNotRecorded", "insert into jobs (key) values ($1) returning id"}
+	if res, err := accept(t, p, withHash("a-1", "h-1"), g); err != nil || res.Outcome != txhook.OutcomeQueued {
+		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
+	}
+	if got, want := tr.Take(), [][]string{first, {"QueueEventWithJob", "commit"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("new: round trips %q, want %q", got, want)
+	}
+	seq := b.count(t, `SELECT last_value FROM jobs_id_seq`)
+	if _, err := accept(t, p, withHash("a-2", "h-1"), g); !isReplayOf(err, "a-1") {
+		t.Fatalf("same body, new key: Accept error = %v, want a replay of a-1", err)
+	}
+	if got, want := tr.Take(), [][]string{first, {"rollback"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("replay: round trips %q, want %q", got, want)
+	}
+	if got := b.count(t, `SELECT last_value FROM jobs_id_seq`); got != seq {
+		t.Errorf("the jobs sequence moved from %d to %d: the replay's job insert ran", seq, got)
+	}
+}
+
 // TestAcceptWithBodyDedupe: the guard's check runs before the row's insert,
 // which travels with COMMIT while the guard's lock is still held: a body
 // accepted under one key is a replay under another, also when the two

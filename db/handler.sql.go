@@ -9,6 +9,39 @@ import (
 	"context"
 )
 
+const checkBodyNotRecorded = `-- name: CheckBodyNotRecorded :exec
+SELECT txhook_check_replay(
+    $1::text,
+    $2::bytea,
+    $3::text,
+    $4::double precision,
+    $5::text
+)
+`
+
+type CheckBodyNotRecordedParams struct {
+	Source        string
+	PayloadHash   []byte
+	EventKey      string
+	WindowSeconds float64
+	LockTimeout   string
+}
+
+// The body dedupe's check for inbox mode's accept, sent ahead of the job's insert in the same round
+// trip: fails with SQLSTATE P0T03 (its DETAIL the other key) when another key has the hash, so that
+// the server skips the statements sent after it; P0T02 past the lock's bound. See
+// txhook_check_replay in migrations.
+func (q *Queries) CheckBodyNotRecorded(ctx context.Context, arg CheckBodyNotRecordedParams) error {
+	_, err := q.db.Exec(ctx, checkBodyNotRecorded,
+		arg.Source,
+		arg.PayloadHash,
+		arg.EventKey,
+		arg.WindowSeconds,
+		arg.LockTimeout,
+	)
+	return err
+}
+
 const lockAndFindPayloadHash = `-- name: LockAndFindPayloadHash :one
 SELECT coalesce(txhook_find_replay(
     $1::text,
@@ -27,9 +60,9 @@ type LockAndFindPayloadHashParams struct {
 	LockTimeout   string
 }
 
-// The body dedupe's check, in the transaction that records the delivery (or claims it, or accepts
-// it into the inbox); see txhook_find_replay in migrations. Returns ” when no other key has the
-// hash.
+// The body dedupe's check, in the transaction that records the delivery (or claims it; inbox
+// mode's accept sends CheckBodyNotRecorded instead); see txhook_find_replay in migrations. Returns
+// ” when no other key has the hash.
 func (q *Queries) LockAndFindPayloadHash(ctx context.Context, arg LockAndFindPayloadHashParams) (string, error) {
 	row := q.db.QueryRow(ctx, lockAndFindPayloadHash,
 		arg.Source,
