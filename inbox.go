@@ -42,9 +42,9 @@ const statusQueued = "queued"
 // of its own: Deliver's inbox mode. It takes two round trips: a check that
 // the key is not recorded yet (and the body dedupe's, with one) and the
 // job's insert travel with BEGIN; the row's insert, with the job's id,
-// travels with COMMIT, so the row is written once. The payload and payload hash are stored whatever
-// Config.StorePayload says: the job reads the payload from the row (its
-// arguments name only the source and key).
+// travels with COMMIT, so the row is written once. The payload and payload
+// hash are stored whatever Config.StorePayload says: the job reads the
+// payload from the row (its arguments name only the source and key).
 //
 // A nil error comes with one of the outcomes:
 //   - queued: the key was new; the row and the job are committed, and the
@@ -62,9 +62,9 @@ const statusQueued = "queued"
 // insert: a body recorded under another key fails it (a *DuplicateBodyError,
 // no job inserted, nothing written); its lock is held until COMMIT, with
 // which the row is inserted, so the next delivery of the same body finds
-// the row. A concurrent delivery of the same key
-// then waits at the guard's lock (bounded by BodyDedupe.LockTimeout, past
-// which it is answered in flight) before it is answered a duplicate.
+// the row. A concurrent delivery of the same key then waits at the guard's
+// lock (bounded by BodyDedupe.LockTimeout, past which it is answered in
+// flight) before it is answered a duplicate.
 // Any error means nothing was committed (a *CommitUnknownError: the outcome
 // cannot be known), and the sender must not be acknowledged; a database
 // that cannot be used gives an *UnavailableError. ctx bounds the work up to
