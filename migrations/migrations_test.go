@@ -304,3 +304,99 @@ func TestRowCheck(t *testing.T) {
 	}
 	check("after 0016's down migration")
 }
+
+// TestIndexMigrationsKeepRows applies migrations 0018-0022 (indexes built
+// and dropped CONCURRENTLY) to a table that holds rows of every status,
+// then rolls them back: each time the table has the expected indexes, all
+// valid, and each partial index holds the rows its predicate names.
+func TestIndexMigrationsKeepRows(t *testing.T) {
+	t.Parallel()
+	d := emptyDB(t)
+	ctx := t.Context()
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatal(err)
+	}
+	latest, err := migrations.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := int(latest) - 17 // down to 0017: the three indexes of 0004 and 0006
+	if err := migrations.Down(ctx, d.URL, before); err != nil {
+		t.Fatalf("Down %d: %v", before, err)
+	}
+	if _, err := d.Pool.Exec(ctx, `INSERT INTO txhook_processed_events
+		(source, event_key, status, attempts, completed_at, lease_expires_at)
+		SELECT 's', 'k' || i || '-' || s.n, s.status, 1,
+		       CASE WHEN s.status IN ('done', 'failed') THEN now() END,
+		       CASE WHEN s.status = 'in_progress' THEN now() END
+		FROM generate_series(1, 50) AS i,
+		     unnest(ARRAY['done', 'done', 'done', 'failed', 'queued', 'in_progress']) WITH ORDINALITY AS s(status, n)`); err != nil {
+		t.Fatal(err)
+	}
+	// The rows a partial index holds, as ANALYZE counts them: the rows of its
+	// table that satisfy its predicate (the sample is the whole table here).
+	entries := func(index string) int64 {
+		t.Helper()
+		var n int64
+		err := d.Pool.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE relname = $1`, index).Scan(&n)
+		if err != nil {
+			t.Fatalf("%s: %v", index, err)
+		}
+		return n
+	}
+	indexes := func(stage string, want map[string]int64) {
+		t.Helper()
+		rows, err := d.Pool.Query(ctx, `SELECT c.relname, i.indisvalid FROM pg_index AS i
+			JOIN pg_class AS c ON c.oid = i.indexrelid
+			WHERE i.indrelid = 'txhook_processed_events'::regclass AND NOT i.indisprimary
+			  AND c.relname <> 'txhook_processed_events_payload_hash_idx'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for rows.Next() {
+			var name string
+			var valid bool
+			if err := rows.Scan(&name, &valid); err != nil {
+				t.Fatal(err)
+			}
+			got[name] = valid
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: indexes %v, want %v", stage, got, want)
+		}
+		if _, err := d.Pool.Exec(ctx, `ANALYZE txhook_processed_events`); err != nil {
+			t.Fatal(err)
+		}
+		for name, n := range want {
+			valid, ok := got[name]
+			if !ok || !valid {
+				t.Errorf("%s: index %s present %v, valid %v", stage, name, ok, valid)
+				continue
+			}
+			if e := entries(name); e != n {
+				t.Errorf("%s: %s holds %d rows, want %d", stage, name, e, n)
+			}
+		}
+	}
+	old := map[string]int64{
+		"txhook_processed_events_completed_idx": 250, // done, failed and queued
+		"txhook_processed_events_open_idx":      100, // failed and in progress
+		"txhook_processed_events_queued_idx":    50,
+	}
+	indexes("at 0017", old)
+	if err := migrations.Up(ctx, d.URL); err != nil {
+		t.Fatalf("Up from 0017 with rows: %v", err)
+	}
+	indexes("after Up", map[string]int64{
+		"txhook_processed_events_completed_at_idx": 200, // done and failed
+		"txhook_processed_events_not_done_idx":     150, // failed, in progress and queued
+	})
+	if err := migrations.Down(ctx, d.URL, before); err != nil {
+		t.Fatalf("Down %d with rows: %v", before, err)
+	}
+	indexes("down to 0017 again", old)
+}
