@@ -162,7 +162,7 @@ func runAMQP(ctx context.Context, cfg amqpConfig) (amqpResult, error) {
 	l := &launcher{bin: bins[stripeOrdersPkg], addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
 		cfg:     config{CrashRate: cfg.CrashRate, CrashPoints: []txhooktest.CrashPoint{txhooktest.CrashAfterInsert, txhooktest.CrashAfterHandler, txhooktest.CrashBeforeCommit, txhooktest.CrashAfterCommit}},
-		killReq: make(chan struct{}), up: make(chan struct{})}
+		killReq: make(chan chan struct{}), up: make(chan struct{})}
 	supCtx, stopSup := context.WithCancel(ctx)
 	defer stopSup()
 	supDone := make(chan error, 1)

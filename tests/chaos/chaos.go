@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config) (result, error) {
 		}
 		l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 		sups[i] = &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed+uint64(i), 0x73757076)), cfg: cfg,
-			killReq: make(chan struct{}), up: make(chan struct{})}
+			killReq: make(chan chan struct{}), up: make(chan struct{})}
 		if receivers > 1 {
 			sups[i].name = fmt.Sprintf("receiver %d/%d: ", i+1, receivers)
 		}
@@ -327,8 +327,8 @@ type supervisor struct {
 	l       *launcher
 	rng     *mrand.Rand
 	cfg     config
-	killReq chan struct{}
-	up      chan struct{} // closed once the first start succeeded
+	killReq chan chan struct{} // a kill, answered once restarting is set
+	up      chan struct{}      // closed once the first start succeeded
 	// name prefixes its log lines when the run has several receivers.
 	name string
 
@@ -342,10 +342,14 @@ type supervisor struct {
 const maxStartFailures = 100
 
 // kill asks the supervisor to kill its process (it restarts it), and
-// reports false when ctx ended first.
+// reports false when ctx ended first. Once it returns true, restarting is
+// set until the restart succeeded, so that a run waiting for every kill's
+// restart cannot miss this one.
 func (s *supervisor) kill(ctx context.Context) bool {
+	done := make(chan struct{})
 	select {
-	case s.killReq <- struct{}{}:
+	case s.killReq <- done:
+		<-done
 		return true
 	case <-ctx.Done():
 		return false
@@ -380,10 +384,11 @@ func (s *supervisor) loop(ctx context.Context, logf func(string, ...any)) error 
 		s.starts++
 		s.restarting.Store(false)
 		select {
-		case <-s.killReq:
+		case done := <-s.killReq:
+			s.restarting.Store(true)
+			close(done)
 			p.Kill()
 			s.kills++
-			s.restarting.Store(true)
 		case <-p.Done():
 			if p.ExitCode() == txhooktest.CrashExitCode {
 				s.crashExits++

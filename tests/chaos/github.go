@@ -142,7 +142,7 @@ func runGitHub(ctx context.Context, cfg githubConfig) (githubResult, error) {
 	}
 	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
-		killReq: make(chan struct{}), up: make(chan struct{})}
+		killReq: make(chan chan struct{}), up: make(chan struct{})}
 	supCtx, stopSup := context.WithCancel(ctx)
 	defer stopSup()
 	supDone := make(chan error, 1)

@@ -192,7 +192,7 @@ func runNATS(ctx context.Context, cfg natsConfig) (natsResult, error) {
 	l := &launcher{bin: bin, addr: addr, env: env, log: &childproc.Output{Max: 256 << 10}}
 	sup := &supervisor{l: l, rng: mrand.New(mrand.NewPCG(cfg.Seed, 0x73757076)),
 		cfg:     config{CrashRate: cfg.CrashRate, CrashPoints: cfg.CrashPoints},
-		killReq: make(chan struct{}), up: make(chan struct{})}
+		killReq: make(chan chan struct{}), up: make(chan struct{})}
 	supCtx, stopSup := context.WithCancel(ctx)
 	defer stopSup()
 	supDone := make(chan error, 1)
