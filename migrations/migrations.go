@@ -8,10 +8,11 @@
 // and from one process at a time. Up, Down and Version
 // use golang-migrate with its pgx/v5 driver and keep their state in their
 // own table, TableName, so they coexist with the application's own
-// golang-migrate state (schema_migrations). golang-migrate holds a PostgreSQL
-// advisory lock while it migrates, so several instances may call Up at once
-// when they start: one applies the files, the others wait and find nothing
-// left to do.
+// golang-migrate state (schema_migrations). They hold a PostgreSQL advisory
+// lock while golang-migrate works (asked for again and again, so that a
+// waiting instance holds no snapshot that a CREATE INDEX CONCURRENTLY would
+// wait for), so several instances may call Up at once when they start: one
+// applies the files, the others wait and find nothing left to do.
 //
 // The root txhook package does not import this package, so applications that
 // migrate by other means do not build golang-migrate.
