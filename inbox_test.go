@@ -219,11 +219,6 @@ func TestAcceptWithBodyDedupeTwoRoundTrips(t *testing.T) {
 	pool, tr := pgtrace.Pool(t, b.db.URL)
 	p := b.inboxOn(t, pool, nil, insertEffect, &jobQueue{query: true})
 	g := &txhook.BodyDedupe{}
-	withHash := func(key, hash string) txhook.Event {
-		ev := event(key)
-		ev.PayloadHash = []byte(hash)
-		return ev
-	}
 	if res, err := accept(t, p, withHash("a-warm", "h-warm"), g); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("warm-up Accept = %v, %v; want queued", res.Outcome, err)
 	}
@@ -257,11 +252,6 @@ func TestAcceptWithBodyDedupe(t *testing.T) {
 	q := &jobQueue{query: true, hold: "k-3", held: make(chan struct{}), release: make(chan struct{})}
 	p := b.inbox(t, nil, insertEffect, q)
 	g := &txhook.BodyDedupe{LockTimeout: 100 * time.Millisecond}
-	withHash := func(key, hash string) txhook.Event {
-		ev := event(key)
-		ev.PayloadHash = []byte(hash)
-		return ev
-	}
 	accept := func(ev txhook.Event) (txhook.Result, error) { return accept(t, p, ev, g) }
 	if res, err := accept(withHash("k-1", "h-1")); err != nil || res.Outcome != txhook.OutcomeQueued {
 		t.Fatalf("Accept = %v, %v; want queued", res.Outcome, err)
@@ -304,6 +294,13 @@ func TestAcceptWithBodyDedupe(t *testing.T) {
 	if n := b.keys(t); n != 2 {
 		t.Errorf("%d event rows, want 2 (k-1 and k-3)", n)
 	}
+}
+
+// withHash is event(key) with hash as its PayloadHash, for body dedupe.
+func withHash(key, hash string) txhook.Event {
+	ev := event(key)
+	ev.PayloadHash = []byte(hash)
+	return ev
 }
 
 func isReplayOf(err error, key string) bool {
