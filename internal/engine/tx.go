@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Tx is the transaction (or savepoint) of a run, as its body sees it: a
@@ -358,6 +359,33 @@ func (t *Tx) Conn() *pgx.Conn {
 		return nil
 	}
 	return t.under.Conn()
+}
+
+// Config returns the configuration of the pool or connection the
+// transaction runs on, a copy, without sending anything; nil on a Beginner
+// of another kind, or in a transaction of the caller's that does not tell
+// its own. It is for code that asks a transaction for its connection only
+// to read the configuration: Conn must first send the first batch and the
+// deferred statements, a round trip of their own. River's pgx driver asks
+// for Config, then Conn, before each statement it sends, for the query
+// execution mode.
+func (t *Tx) Config() *pgxpool.Config {
+	switch s := t.s.(type) {
+	case *connTx:
+		switch db := s.db.(type) {
+		case *pgxpool.Pool:
+			return db.Config()
+		case *pgxpool.Conn:
+			return &pgxpool.Config{ConnConfig: db.Conn().Config()}
+		case *pgx.Conn:
+			return &pgxpool.Config{ConnConfig: db.Config()}
+		}
+	case *savepointTx:
+		if p, ok := s.parent.(interface{ Config() *pgxpool.Config }); ok {
+			return p.Config()
+		}
+	}
+	return nil
 }
 
 // Commit implements pgx.Tx for savepoints the body began: it releases the
