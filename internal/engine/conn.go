@@ -94,6 +94,18 @@ func (c *connTx) acquire(ctx context.Context) (*pgx.Conn, error) {
 	return nil, errors.New("txhook: no connection to begin a batch on")
 }
 
+// config is Tx.Config: the pool's configuration, or the connection's.
+func (c *connTx) config() *pgxpool.Config {
+	if p, ok := c.db.(*pgxpool.Pool); ok {
+		return p.Config()
+	}
+	conn, err := c.acquire(context.Background()) // a connection: acquire sends nothing
+	if err != nil {
+		return nil
+	}
+	return &pgxpool.Config{ConnConfig: conn.Config()}
+}
+
 // commit implements strategy: the deferred statements travel with COMMIT in
 // one batch, under cctx (deferred statements that begin the transaction,
 // when nothing else was sent, go under bctx).

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // savepointTx is a savepoint in the caller's transaction (ProcessTx,
@@ -40,6 +41,15 @@ func depthIn(parent pgx.Tx) int {
 		}
 	}
 	return 1
+}
+
+// config is Tx.Config: the configuration the transaction the savepoint is
+// in tells, if it tells one.
+func (s *savepointTx) config() *pgxpool.Config {
+	if p, ok := s.parent.(interface{ Config() *pgxpool.Config }); ok {
+		return p.Config()
+	}
+	return nil
 }
 
 // name is the name of the savepoint: unique among the savepoints that

@@ -372,18 +372,9 @@ func (t *Tx) Conn() *pgx.Conn {
 func (t *Tx) Config() *pgxpool.Config {
 	switch s := t.s.(type) {
 	case *connTx:
-		switch db := s.db.(type) {
-		case *pgxpool.Pool:
-			return db.Config()
-		case *pgxpool.Conn:
-			return &pgxpool.Config{ConnConfig: db.Conn().Config()}
-		case *pgx.Conn:
-			return &pgxpool.Config{ConnConfig: db.Config()}
-		}
+		return s.config()
 	case *savepointTx:
-		if p, ok := s.parent.(interface{ Config() *pgxpool.Config }); ok {
-			return p.Config()
-		}
+		return s.config()
 	}
 	return nil
 }
