@@ -25,6 +25,9 @@ func TestInboxChaosShort(t *testing.T) {
 	cfg.Rate = 50
 	cfg.Kills = 3
 	cfg.DrainKills = 1
+	// A busy machine answers few pushes 2xx (37 of 150 in one run): at the
+	// scenario's 5 %, none of them was redelivered about one run in seven.
+	cfg.RedeliverRate = 0.25
 	cfg.Timeout = 3 * time.Minute
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Log = t.Logf
