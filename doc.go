@@ -53,10 +53,9 @@
 // fails and the server skips the rest). These hold on every path alike:
 // Process on any database, ProcessTx, lease mode's phase two, the inbox's
 // apply, Replay, Run and RunTx, which all run through one transaction
-// engine. The
-// duplicate filter (Config.RecentKeys) answers Process's redeliveries of keys
-// the Processor saw done without a round trip; the other paths always ask
-// the database.
+// engine. The duplicate filter (Config.RecentKeys) answers Process's
+// redeliveries of keys the Processor saw done without a round trip; the
+// other paths always ask the database.
 //
 // A database that cannot be used (unreachable, dropped, a closed pool)
 // gives ErrUnavailable; the HTTP endpoint answers it 503 with Retry-After.
