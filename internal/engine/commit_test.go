@@ -229,8 +229,9 @@ func cutProxy(t *testing.T, target string, marker []byte, sent func() bool) stri
 	return l.Addr().String()
 }
 
-// commitDropProxy forwards PostgreSQL connections and, when armed, cuts a
-// connection right after forwarding a simple-protocol COMMIT.
+// commitDropProxy forwards PostgreSQL connections and, when armed, closes
+// the client's side of the connection that sends a simple-protocol COMMIT,
+// then forwards that COMMIT to the server.
 type commitDropProxy struct {
 	url   string
 	armed atomic.Bool
@@ -250,6 +251,9 @@ func newCommitDropProxy(t *testing.T, target string) *commitDropProxy {
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	upstream := u.Host
 	u.Host = ln.Addr().String()
+	q := u.Query()
+	q.Set("sslmode", "disable") // the proxy reads plain protocol messages
+	u.RawQuery = q.Encode()
 	p := &commitDropProxy{url: u.String()}
 	wg.Go(func() {
 		for {
@@ -294,13 +298,15 @@ func (p *commitDropProxy) serve(client net.Conn, upstream string) {
 		if _, err := io.ReadFull(client, body); err != nil {
 			return
 		}
-		server.Write(hdr[:])
-		server.Write(body)
 		if hdr[0] == 'Q' && p.armed.Load() && bytes.HasPrefix(bytes.ToLower(body), []byte("commit")) {
 			p.armed.Store(false)
-			client.Close()                     // the answer never reaches the client
+			// The client's side closes before COMMIT goes on: its answer,
+			// however fast, never reaches the client.
+			client.Close()
+			server.Write(append(hdr[:], body...))
 			time.Sleep(200 * time.Millisecond) // while the server commits
 			return
 		}
+		server.Write(append(hdr[:], body...))
 	}
 }
