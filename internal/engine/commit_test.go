@@ -3,13 +3,9 @@ package engine_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
-	"io"
 	"net"
-	"net/url"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,20 +51,16 @@ func TestCommitRejectedByServerIsKnownAndNotRetried(t *testing.T) {
 func TestCommitWithLostConnectionIsUnknown(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	proxy := newCommitDropProxy(t, e.db.URL)
-	pool, err := pgxpool.New(t.Context(), proxy.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	// The simple-protocol message pgx sends for Tx.Commit: Q, its length
+	// (11) and "commit".
+	pool := cutPool(t, e, "Q\x00\x00\x00\x0bcommit\x00", func() bool { return e.keys(t) == 1 })
 	const key = "evt_lost_commit"
 	calls := 0
 	body := func(ctx context.Context, tx pgx.Tx) error {
 		calls++
 		return insertEffect(key)(ctx, tx)
 	}
-	proxy.armed.Store(true)
-	_, err = delivery{}.run(t.Context(), engine.Begin(pool), key, body)
+	_, err := delivery{}.run(t.Context(), engine.Begin(pool), key, body)
 	if !errors.Is(err, engine.ErrCommitUnknown) {
 		t.Fatalf("err = %v, want ErrCommitUnknown", err)
 	}
@@ -227,86 +219,4 @@ func cutProxy(t *testing.T, target string, marker []byte, sent func() bool) stri
 		}
 	}()
 	return l.Addr().String()
-}
-
-// commitDropProxy forwards PostgreSQL connections and, when armed, closes
-// the client's side of the connection that sends a simple-protocol COMMIT,
-// then forwards that COMMIT to the server.
-type commitDropProxy struct {
-	url   string
-	armed atomic.Bool
-}
-
-func newCommitDropProxy(t *testing.T, target string) *commitDropProxy {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	upstream := u.Host
-	u.Host = ln.Addr().String()
-	q := u.Query()
-	q.Set("sslmode", "disable") // the proxy reads plain protocol messages
-	u.RawQuery = q.Encode()
-	p := &commitDropProxy{url: u.String()}
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { p.serve(c, upstream) })
-		}
-	})
-	return p
-}
-
-func (p *commitDropProxy) serve(client net.Conn, upstream string) {
-	defer client.Close()
-	server, err := net.Dial("tcp", upstream)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	go func() {
-		io.Copy(client, server)
-		client.Close() // the server hung up: so does the client's side
-	}()
-	// The startup message has no type byte.
-	var n uint32
-	if binary.Read(client, binary.BigEndian, &n) != nil || n < 4 {
-		return
-	}
-	startup := make([]byte, n-4)
-	if _, err := io.ReadFull(client, startup); err != nil {
-		return
-	}
-	binary.Write(server, binary.BigEndian, n)
-	server.Write(startup)
-	for {
-		var hdr [5]byte
-		if _, err := io.ReadFull(client, hdr[:]); err != nil {
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(hdr[1:])-4)
-		if _, err := io.ReadFull(client, body); err != nil {
-			return
-		}
-		if hdr[0] == 'Q' && p.armed.Load() && bytes.HasPrefix(bytes.ToLower(body), []byte("commit")) {
-			p.armed.Store(false)
-			// The client's side closes before COMMIT goes on: its answer,
-			// however fast, never reaches the client.
-			client.Close()
-			server.Write(append(hdr[:], body...))
-			time.Sleep(200 * time.Millisecond) // while the server commits
-			return
-		}
-		server.Write(append(hdr[:], body...))
-	}
 }
